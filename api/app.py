@@ -1,0 +1,68 @@
+"""The FastAPI app factory: ``api.app:create_app``.
+
+Resources live in the lifespan (DB engine now; the Temporal client once
+sessions exist), never at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from api.problems import PROBLEM_JSON, install_problem_handlers
+from api.routers import agents
+from baton.db import init_db, make_engine
+from baton.settings import Settings, get_settings
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """OpenAPI with 422s documented as problem+json (FastAPI's default shape is not ours)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            if "422" in responses:
+                responses["422"] = {
+                    "description": "Malformed request (problem+json naming the field)",
+                    "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+                }
+    components = schema.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    app.openapi_schema = schema
+    return schema
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API. ``settings`` defaults to :func:`baton.settings.get_settings`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cfg = settings or get_settings()
+        engine = make_engine(cfg.database_url)
+        init_db(engine)
+        app.state.settings = cfg
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="Baton",
+        version="0.1.0",
+        description="Durable multi-agent orchestration on Temporal.",
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    app.include_router(agents.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,119 @@
+"""RFC 9457 problem+json: the one error shape every route answers with.
+
+Domain errors map by type (:class:`baton.errors.BatonError` carries ``code`` and
+``status``); request validation errors become 422 ``validation_error`` naming
+the field, except the removed ``maxFanout`` field, which is a 400
+``removed_field`` like every other publish-time spec error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from baton.errors import BatonError, RemovedField, spec_error, validation_entries
+
+PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("baton.api")
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document with Baton's machine-readable ``code``."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "https://baton.dev/problems/tree-too-deep",
+                    "title": "Invalid agent spec",
+                    "status": 400,
+                    "detail": "subagent tree is 7 levels deep at 'leaf'; at most 6 are allowed",
+                    "code": "tree_too_deep",
+                    "path": "subagents[0].subagents[0].subagents[0].subagents[0]"
+                    ".subagents[0].subagents[0]",
+                }
+            ]
+        },
+    )
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    code: str = Field(description="Stable machine-readable error code.")
+    path: str | None = Field(default=None, description="Where in the request the problem is.")
+
+
+def problem_response(body: dict[str, Any]) -> JSONResponse:
+    """A problem+json response with ``body['status']`` as status."""
+    return JSONResponse(body, status_code=int(body["status"]), media_type=PROBLEM_JSON)
+
+
+def _validation_problem(exc: RequestValidationError) -> dict[str, Any]:
+    entries = validation_entries(exc.errors()) or [
+        {"path": "", "type": "invalid", "message": "invalid request"}
+    ]
+    error = spec_error(entries)
+    if isinstance(error, RemovedField):
+        return error.to_problem()
+    body = error.to_problem()
+    body.update(
+        type="https://baton.dev/problems/validation-error",
+        title="Malformed request",
+        status=422,
+        code="validation_error",
+    )
+    return body
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Make every error response problem+json."""
+
+    @app.exception_handler(BatonError)
+    async def _baton_error(_request: Request, exc: BatonError) -> JSONResponse:
+        return problem_response(exc.to_problem())
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem_response(_validation_problem(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return problem_response(
+            {
+                "type": "about:blank",
+                "title": str(exc.detail),
+                "status": exc.status_code,
+                "detail": str(exc.detail),
+                "code": codes.get(exc.status_code, f"http_{exc.status_code}"),
+            }
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(
+            {
+                "type": "about:blank",
+                "title": "Internal server error",
+                "status": 500,
+                "detail": "an unexpected error occurred; it has been logged",
+                "code": "internal_error",
+            }
+        )
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries documenting problem+json for ``statuses``."""
+    return {
+        status: {"model": Problem, "content": {PROBLEM_JSON: {}}, "description": "Problem"}
+        for status in statuses
+    }

@@ -1,0 +1,171 @@
+"""``/v1/agents``: identities, drafts, revisions, the live pointer, resolution (DESIGN §8)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import SessionDep
+from api.problems import problem_responses
+from baton import registry
+from baton.contracts import ResolvedAgent
+from baton.schemas import AgentCreate, AgentPublic, AgentUpdate, Page, RevisionPublic, VersionBody
+from baton.spec import SLUG_PATTERN, AgentSpec
+
+router = APIRouter(prefix="/v1/agents", tags=["agents"])
+
+SlugPath = Annotated[str, Path(pattern=SLUG_PATTERN, examples=["researcher"])]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses=problem_responses(400, 409, 422),
+    summary="Create an agent (identity + draft)",
+)
+def create_agent(body: AgentCreate, session: SessionDep) -> AgentPublic:
+    """Create ``slug`` with its first draft. 409 ``agent_exists`` when taken."""
+    agent = registry.create_agent(
+        session, slug=body.slug, name=body.name, description=body.description, spec=body.spec
+    )
+    session.commit()
+    return registry.to_public(session, agent)
+
+
+@router.get("", responses=problem_responses(422), summary="List agents")
+def list_agents(
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Page[AgentPublic]:
+    """Agents ordered by slug."""
+    agents, total = registry.list_agents(session, limit=limit, offset=offset)
+    return Page(data=[registry.to_public(session, a) for a in agents], count=total)
+
+
+@router.get("/{slug}", responses=problem_responses(404, 422), summary="Get an agent")
+def get_agent(slug: SlugPath, session: SessionDep) -> AgentPublic:
+    """The agent's identity, draft and live version."""
+    return registry.to_public(session, registry.get_agent(session, slug=slug))
+
+
+@router.patch("/{slug}", responses=problem_responses(404, 422), summary="Edit name/description")
+def update_agent(slug: SlugPath, body: AgentUpdate, session: SessionDep) -> AgentPublic:
+    """Name and description are identity metadata: editing them creates no revision."""
+    agent = registry.update_agent(session, slug=slug, name=body.name, description=body.description)
+    session.commit()
+    return registry.to_public(session, agent)
+
+
+@router.delete(
+    "/{slug}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=problem_responses(404, 409, 422),
+    summary="Delete an agent",
+)
+def delete_agent(slug: SlugPath, session: SessionDep) -> Response:
+    """Delete identity, draft and revisions. 409 ``agent_in_use`` if a live revision uses it."""
+    registry.delete_agent(session, slug=slug)
+    session.commit()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.put(
+    "/{slug}/draft", responses=problem_responses(400, 404, 422), summary="Replace the draft"
+)
+def put_draft(slug: SlugPath, body: AgentSpec, session: SessionDep) -> AgentPublic:
+    """Replace the mutable draft; tree bounds are checked now, references at publish."""
+    agent = registry.save_draft(session, slug=slug, spec=body)
+    session.commit()
+    return registry.to_public(session, agent)
+
+
+@router.post(
+    "/{slug}/publish",
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        200: {"model": RevisionPublic, "description": "Draft identical to the live revision"},
+        **problem_responses(400, 404, 409, 422),
+    },
+    summary="Publish the draft",
+)
+def publish(slug: SlugPath, session: SessionDep, response: Response) -> RevisionPublic:
+    """Validate and publish the draft as the next version; 200 with the live one if identical."""
+    rev, created = registry.publish(session, slug=slug)
+    session.commit()
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return registry.revision_public(registry.get_agent(session, slug=slug), rev)
+
+
+@router.get("/{slug}/revisions", responses=problem_responses(404, 422), summary="List revisions")
+def list_revisions(slug: SlugPath, session: SessionDep) -> Page[RevisionPublic]:
+    """Every published revision, newest first."""
+    agent = registry.get_agent(session, slug=slug)
+    revs = registry.list_revisions(session, slug=slug)
+    return Page(data=[registry.revision_public(agent, r) for r in revs], count=len(revs))
+
+
+@router.get(
+    "/{slug}/revisions/{version}",
+    responses=problem_responses(404, 422),
+    summary="Get one revision",
+)
+def get_revision(
+    slug: SlugPath, version: Annotated[int, Path(ge=1)], session: SessionDep
+) -> RevisionPublic:
+    """Revision ``version``; 404 ``revision_not_found`` when it does not exist."""
+    rev = registry.get_revision(session, slug=slug, version=version)
+    return registry.revision_public(registry.get_agent(session, slug=slug), rev)
+
+
+@router.post(
+    "/{slug}/restore",
+    responses=problem_responses(404, 422),
+    summary="Copy a revision into the draft",
+)
+def restore(slug: SlugPath, body: VersionBody, session: SessionDep) -> AgentPublic:
+    """The draft becomes revision ``version``'s spec; the live pointer stays."""
+    agent = registry.restore(session, slug=slug, version=body.version)
+    session.commit()
+    return registry.to_public(session, agent)
+
+
+@router.post(
+    "/{slug}/rollback",
+    responses=problem_responses(400, 404, 422),
+    summary="Move the live pointer",
+)
+def rollback(slug: SlugPath, body: VersionBody, session: SessionDep) -> AgentPublic:
+    """The live pointer moves to existing revision ``version``; nothing new is stored."""
+    agent = registry.rollback(session, slug=slug, version=body.version)
+    session.commit()
+    return registry.to_public(session, agent)
+
+
+@router.post(
+    "/{slug}/retire", responses=problem_responses(404, 409, 422), summary="Retire an agent"
+)
+def retire(slug: SlugPath, session: SessionDep) -> AgentPublic:
+    """Clear the live pointer; launches are refused with ``agent_retired`` afterwards."""
+    agent = registry.retire(session, slug=slug)
+    session.commit()
+    return registry.to_public(session, agent)
+
+
+@router.get(
+    "/{slug}/resolved",
+    responses=problem_responses(400, 404, 409, 422),
+    summary="Effective configuration",
+)
+def resolved(
+    slug: SlugPath,
+    session: SessionDep,
+    version: Annotated[
+        int | None, Query(ge=1, description="A pinned revision; omit = live")
+    ] = None,
+) -> ResolvedAgent:
+    """The revision after inheritance and narrowing (README 'Resolution rules')."""
+    ref = f"{slug}@{version}" if version is not None else slug
+    return registry.resolve_agent(session, ref=ref)

@@ -1,0 +1,142 @@
+"""Persistence: SQLModel tables and the engine factory.
+
+The same code runs on SQLite (default, a file under ``./.baton/``) and
+PostgreSQL (``postgresql+psycopg://…``). Engines are created by the app
+lifespan or the CLI entry, never at import time. Timestamps are tz-aware UTC on
+both backends (:class:`UTCDateTime`).
+
+Agent storage follows seed 004 'Identity, drafts, revisions, and rollback':
+identity (``agents``), one mutable draft (``agent_drafts``), immutable
+revisions (``agent_revisions``) and the live pointer (``agent_live_pointers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, Session, SQLModel, create_engine
+
+
+def utcnow() -> datetime:
+    """The current time, tz-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always read back tz-aware (SQLite drops the zone)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            msg = "naive datetime given; Baton stores tz-aware UTC only"
+            raise ValueError(msg)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _ts(**kwargs: Any) -> Any:
+    return Field(default_factory=utcnow, sa_type=UTCDateTime, **kwargs)
+
+
+class Agent(SQLModel, table=True):
+    """Agent identity: stable slug; name and description are editable, not versioned."""
+
+    __tablename__ = "agents"
+
+    id: int | None = Field(default=None, primary_key=True)
+    slug: str = Field(index=True, unique=True, max_length=63)
+    name: str = Field(max_length=200)
+    description: str = Field(default="", max_length=2000)
+    retired: bool = False
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class AgentDraft(SQLModel, table=True):
+    """The one mutable draft of an agent: an ``AgentSpec`` as JSON."""
+
+    __tablename__ = "agent_drafts"
+
+    agent_id: int = Field(foreign_key="agents.id", primary_key=True)
+    spec: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    updated_at: datetime = _ts()
+
+
+class AgentRevision(SQLModel, table=True):
+    """An immutable published revision; ``version`` counts 1, 2, 3 … per agent."""
+
+    __tablename__ = "agent_revisions"
+    __table_args__ = (sa.UniqueConstraint("agent_id", "version", name="uq_revision_version"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    agent_id: int = Field(foreign_key="agents.id", index=True)
+    version: int
+    digest: str = Field(max_length=71)
+    spec: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    published_at: datetime = _ts()
+
+
+class AgentLivePointer(SQLModel, table=True):
+    """Which revision ``slug`` resolves to. No row = nothing live (never published or retired)."""
+
+    __tablename__ = "agent_live_pointers"
+
+    agent_id: int = Field(foreign_key="agents.id", primary_key=True)
+    version: int
+    updated_at: datetime = _ts()
+
+
+def make_engine(database_url: str) -> Engine:
+    """An engine for ``database_url``; for a SQLite file, its folder is created.
+
+    SQLite gets WAL, a busy timeout and foreign keys on, so the API and worker
+    processes can share one file.
+    """
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            from pathlib import Path
+
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def init_db(engine: Engine) -> None:
+    """Create missing tables (idempotent)."""
+    SQLModel.metadata.create_all(engine)
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """A session whose transaction commits on success and rolls back on any error."""
+    with Session(engine, expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise

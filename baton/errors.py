@@ -1,0 +1,181 @@
+"""Domain errors with stable machine-readable codes.
+
+Every error Baton raises for bad input or a refused operation is a
+:class:`BatonError` subclass carrying ``code`` (stable, snake_case), an HTTP
+``status`` and optionally ``path`` (where in the submitted document the problem
+is, e.g. ``spec.subagents[0].subagents[1].alias``). The API maps them to RFC 9457
+problem+json; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+
+class BatonError(Exception):
+    """Base class: ``code`` names the problem, ``status`` is the HTTP status to answer with."""
+
+    code: ClassVar[str] = "baton_error"
+    status: ClassVar[int] = 400
+    title: ClassVar[str] = "Bad request"
+
+    def __init__(self, detail: str, *, path: str | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.path = path
+        self.extra = extra
+
+    def to_problem(self) -> dict[str, Any]:
+        """The RFC 9457 body: type, title, status, detail, code, path (when known), extras."""
+        body: dict[str, Any] = {
+            "type": f"https://baton.dev/problems/{self.code.replace('_', '-')}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.code,
+        }
+        if self.path is not None:
+            body["path"] = self.path
+        body.update(self.extra)
+        return body
+
+
+class NotFound(BatonError):
+    """A named thing does not exist (404)."""
+
+    status = 404
+    title = "Not found"
+
+
+class Conflict(BatonError):
+    """The request conflicts with the current state (409)."""
+
+    status = 409
+    title = "Conflict"
+
+
+class InvalidSpec(BatonError):
+    """An agent spec breaks a publish-time rule (400; seed 004, 'What bounds a tree')."""
+
+    status = 400
+    title = "Invalid agent spec"
+
+
+class AgentNotFound(NotFound):
+    code = "agent_not_found"
+
+
+class RevisionNotFound(NotFound):
+    code = "revision_not_found"
+
+
+class AgentExists(Conflict):
+    code = "agent_exists"
+
+
+class AgentRetired(Conflict):
+    code = "agent_retired"
+    title = "Agent retired"
+
+
+class AgentNotPublished(Conflict):
+    code = "agent_not_published"
+    title = "Agent has no published revision"
+
+
+class AgentInUse(Conflict):
+    code = "agent_in_use"
+    title = "Agent is referenced by other agents"
+
+
+class ConcurrentModification(Conflict):
+    code = "concurrent_modification"
+    title = "Concurrent modification"
+
+
+class InvalidReference(BatonError):
+    code = "invalid_reference"
+    title = "Invalid agent reference"
+
+
+class InheritanceCycle(InvalidSpec):
+    code = "inheritance_cycle"
+
+
+class InheritanceTooDeep(InvalidSpec):
+    code = "inheritance_too_deep"
+
+
+class TreeTooDeep(InvalidSpec):
+    code = "tree_too_deep"
+
+
+class TreeTooLarge(InvalidSpec):
+    code = "tree_too_large"
+
+
+class DuplicateAlias(InvalidSpec):
+    code = "duplicate_alias"
+
+
+class UnknownAgent(InvalidSpec):
+    code = "unknown_agent"
+
+
+class RemovedField(InvalidSpec):
+    code = "removed_field"
+
+
+class UnknownField(InvalidSpec):
+    code = "unknown_field"
+
+
+class SpecValidationError(InvalidSpec):
+    """A spec document failed schema validation (types, patterns, unknown fields)."""
+
+    code = "invalid_spec"
+
+
+def format_loc(loc: Sequence[int | str]) -> str:
+    """``('spec', 'subagents', 0, 'alias')`` → ``spec.subagents[0].alias``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validation_entries(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Pydantic error dicts → ``[{path, type, message}]``.
+
+    The leading ``body`` of a FastAPI location is dropped (the body is the
+    document); a ``removed_field`` error names the removed key in its path.
+    """
+    entries = []
+    for err in errors:
+        loc = list(err.get("loc", ()))
+        if loc and loc[0] == "body":
+            loc.pop(0)
+        ctx = err.get("ctx") or {}
+        if err.get("type") == "removed_field" and "field" in ctx:
+            loc.append(ctx["field"])
+        entries.append(
+            {"path": format_loc(loc), "type": str(err.get("type")), "message": str(err["msg"])}
+        )
+    return entries
+
+
+def spec_error(entries: list[dict[str, str]]) -> BatonError:
+    """The error to report for validation ``entries`` (non-empty).
+
+    A removed field wins (400 ``removed_field``, seed 004); anything else is a
+    :class:`SpecValidationError`. ``errors`` carries every entry.
+    """
+    removed = [e for e in entries if e["type"] == "removed_field"]
+    first = removed[0] if removed else entries[0]
+    detail = f"{first['path']}: {first['message']}" if first["path"] else first["message"]
+    cls: type[BatonError] = RemovedField if removed else SpecValidationError
+    return cls(detail, path=first["path"], errors=entries)

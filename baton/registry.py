@@ -1,0 +1,365 @@
+"""The agent registry: identities, drafts, immutable revisions, the live pointer.
+
+Keyword-only data-access functions over a SQLModel ``Session``, shared by the
+API, the CLI and (later) activities. They flush but never commit: the caller
+owns the transaction, so a publish, or a whole ``baton apply`` file, is one
+transaction (DESIGN §3; seed 004, 'Identity, drafts, revisions, and rollback').
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from baton.contracts import ResolvedAgent
+from baton.db import Agent, AgentDraft, AgentLivePointer, AgentRevision, utcnow
+from baton.errors import (
+    AgentExists,
+    AgentInUse,
+    AgentNotFound,
+    AgentNotPublished,
+    AgentRetired,
+    ConcurrentModification,
+    InvalidReference,
+    RevisionNotFound,
+)
+from baton.resolver import LoadedRevision, Lookup, Resolver, candidate_lookup
+from baton.schemas import AgentPublic, RevisionPublic
+from baton.spec import AgentSpec, check_tree_shape, parse_ref, spec_digest, with_paths
+
+
+def _dump(spec: AgentSpec) -> dict[str, object]:
+    return spec.model_dump(mode="json", exclude_defaults=True)
+
+
+def _flush(session: Session, what: str) -> None:
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        msg = f"{what} conflicted with a concurrent change; retry"
+        raise ConcurrentModification(msg) from exc
+
+
+def get_agent(session: Session, *, slug: str, for_update: bool = False) -> Agent:
+    """The identity row for ``slug``. Raises AgentNotFound."""
+    stmt = select(Agent).where(Agent.slug == slug)
+    if for_update:
+        stmt = stmt.with_for_update()
+    agent = session.exec(stmt).first()
+    if agent is None:
+        raise AgentNotFound(f"no agent '{slug}'")
+    return agent
+
+
+def _id(agent: Agent) -> int:
+    assert agent.id is not None  # rows read from or flushed to the DB always have one
+    return agent.id
+
+
+def _draft(session: Session, agent: Agent) -> AgentDraft:
+    draft = session.get(AgentDraft, _id(agent))
+    if draft is None:  # an identity always has a draft; heal rather than fail
+        draft = AgentDraft(agent_id=_id(agent), spec={})
+        session.add(draft)
+    return draft
+
+
+def _live_version(session: Session, agent: Agent) -> int | None:
+    pointer = session.get(AgentLivePointer, _id(agent))
+    return pointer.version if pointer else None
+
+
+def _revision(session: Session, agent: Agent, version: int) -> AgentRevision:
+    rev = session.exec(
+        select(AgentRevision).where(
+            AgentRevision.agent_id == _id(agent), AgentRevision.version == version
+        )
+    ).first()
+    if rev is None:
+        raise RevisionNotFound(f"agent '{agent.slug}' has no revision {version}")
+    return rev
+
+
+def to_public(session: Session, agent: Agent) -> AgentPublic:
+    """The API view of ``agent``."""
+    return AgentPublic(
+        slug=agent.slug,
+        name=agent.name,
+        description=agent.description,
+        live_version=_live_version(session, agent),
+        draft=AgentSpec.model_validate(_draft(session, agent).spec),
+        retired=agent.retired,
+        created_at=agent.created_at,
+        updated_at=agent.updated_at,
+    )
+
+
+def revision_public(agent: Agent, rev: AgentRevision) -> RevisionPublic:
+    """The API view of a revision."""
+    return RevisionPublic(
+        slug=agent.slug,
+        version=rev.version,
+        digest=rev.digest,
+        spec=AgentSpec.model_validate(rev.spec),
+        published_at=rev.published_at,
+    )
+
+
+def create_agent(
+    session: Session, *, slug: str, name: str, description: str = "", spec: AgentSpec | None = None
+) -> Agent:
+    """Create an identity and its draft. Raises AgentExists, or a tree-shape InvalidSpec."""
+    spec = spec or AgentSpec()
+    check_tree_shape(with_paths(spec.subagents, "spec.subagents"))
+    if session.exec(select(Agent.id).where(Agent.slug == slug)).first() is not None:
+        raise AgentExists(f"agent '{slug}' already exists")
+    agent = Agent(slug=slug, name=name, description=description)
+    session.add(agent)
+    _flush(session, f"creating '{slug}'")
+    session.add(AgentDraft(agent_id=_id(agent), spec=_dump(spec)))
+    _flush(session, f"creating '{slug}'")
+    return agent
+
+
+def list_agents(session: Session, *, limit: int = 50, offset: int = 0) -> tuple[list[Agent], int]:
+    """Agents ordered by slug, and the total count."""
+    total = session.exec(select(func.count()).select_from(Agent)).one()
+    rows = session.exec(select(Agent).order_by(col(Agent.slug)).offset(offset).limit(limit)).all()
+    return list(rows), int(total)
+
+
+def update_agent(
+    session: Session, *, slug: str, name: str | None = None, description: str | None = None
+) -> Agent:
+    """Edit identity metadata (not versioned). Raises AgentNotFound."""
+    agent = get_agent(session, slug=slug, for_update=True)
+    if (name is None or name == agent.name) and (
+        description is None or description == agent.description
+    ):
+        return agent
+    if name is not None:
+        agent.name = name
+    if description is not None:
+        agent.description = description
+    agent.updated_at = utcnow()
+    session.add(agent)
+    _flush(session, f"updating '{slug}'")
+    return agent
+
+
+def save_draft(session: Session, *, slug: str, spec: AgentSpec) -> Agent:
+    """Replace the draft. Tree-shape bounds are checked now, references at publish.
+
+    Raises AgentNotFound, TreeTooDeep, TreeTooLarge, DuplicateAlias.
+    """
+    check_tree_shape(with_paths(spec.subagents))
+    agent = get_agent(session, slug=slug, for_update=True)
+    draft = _draft(session, agent)
+    if draft.spec == _dump(spec):
+        return agent
+    draft.spec = _dump(spec)
+    draft.updated_at = agent.updated_at = utcnow()
+    session.add_all([draft, agent])
+    _flush(session, f"saving the draft of '{slug}'")
+    return agent
+
+
+def _loaded(agent: Agent, rev: AgentRevision) -> LoadedRevision:
+    return LoadedRevision(
+        slug=agent.slug,
+        version=rev.version,
+        digest=rev.digest,
+        spec=AgentSpec.model_validate(rev.spec),
+        name=agent.name,
+        description=agent.description,
+    )
+
+
+def resolve_ref(session: Session, *, ref: str) -> tuple[Agent, AgentRevision]:
+    """Resolve ``slug`` (live revision) or ``slug@v`` (that revision) for a launch.
+
+    Raises InvalidReference, AgentNotFound, AgentRetired, AgentNotPublished,
+    RevisionNotFound (seed 004, 'Agent references').
+    """
+    try:
+        slug, version = parse_ref(ref)
+    except ValueError as exc:
+        raise InvalidReference(str(exc)) from exc
+    agent = get_agent(session, slug=slug)
+    if agent.retired:
+        raise AgentRetired(f"agent '{slug}' is retired; publish or roll back to use it again")
+    if version is None:
+        version = _live_version(session, agent)
+        if version is None:
+            raise AgentNotPublished(f"agent '{slug}' has no published revision")
+    return agent, _revision(session, agent, version)
+
+
+def db_lookup(session: Session) -> Lookup:
+    """A resolver lookup reading live pointers and revisions from ``session``."""
+
+    def _lookup(ref: str) -> LoadedRevision:
+        return _loaded(*resolve_ref(session, ref=ref))
+
+    return _lookup
+
+
+def resolve_agent(session: Session, *, ref: str) -> ResolvedAgent:
+    """The effective configuration of ``ref`` (see :mod:`baton.resolver`)."""
+    agent, rev = resolve_ref(session, ref=ref)
+    return Resolver(db_lookup(session)).resolve(_loaded(agent, rev))
+
+
+def _validate_as_live(session: Session, candidate: LoadedRevision) -> None:
+    check_tree_shape(with_paths(candidate.spec.subagents))
+    Resolver(candidate_lookup(db_lookup(session), candidate)).resolve(candidate)
+
+
+def _set_live(session: Session, agent: Agent, version: int) -> None:
+    pointer = session.get(AgentLivePointer, _id(agent))
+    if pointer is None:
+        pointer = AgentLivePointer(agent_id=_id(agent), version=version)
+    pointer.version = version
+    pointer.updated_at = agent.updated_at = utcnow()
+    agent.retired = False
+    session.add_all([pointer, agent])
+
+
+def publish(session: Session, *, slug: str) -> tuple[AgentRevision, bool]:
+    """Publish the draft: validate, store revision N+1, move the live pointer.
+
+    Returns ``(revision, created)``; ``created`` is False when the draft is
+    identical (same digest) to the live revision, and nothing is written.
+    Publishing a retired agent brings it back. Raises AgentNotFound or any
+    InvalidSpec (400) from :func:`baton.resolver.Resolver.resolve`.
+    """
+    agent = get_agent(session, slug=slug, for_update=True)
+    spec = AgentSpec.model_validate(_draft(session, agent).spec)
+    digest = spec_digest(spec)
+    live = _live_version(session, agent)
+    if live is not None:
+        current = _revision(session, agent, live)
+        if current.digest == digest:
+            return current, False
+    _validate_as_live(
+        session,
+        LoadedRevision(
+            slug=slug,
+            version=None,
+            digest=digest,
+            spec=spec,
+            name=agent.name,
+            description=agent.description,
+        ),
+    )
+    latest = session.exec(
+        select(func.max(AgentRevision.version)).where(AgentRevision.agent_id == _id(agent))
+    ).one()
+    rev = AgentRevision(
+        agent_id=_id(agent), version=int(latest or 0) + 1, digest=digest, spec=_dump(spec)
+    )
+    session.add(rev)
+    _set_live(session, agent, rev.version)
+    _flush(session, f"publishing '{slug}'")
+    return rev, True
+
+
+def list_revisions(session: Session, *, slug: str) -> list[AgentRevision]:
+    """All revisions of ``slug``, newest first. Raises AgentNotFound."""
+    agent = get_agent(session, slug=slug)
+    rows = session.exec(
+        select(AgentRevision)
+        .where(AgentRevision.agent_id == _id(agent))
+        .order_by(col(AgentRevision.version).desc())
+    ).all()
+    return list(rows)
+
+
+def get_revision(session: Session, *, slug: str, version: int) -> AgentRevision:
+    """Revision ``version`` of ``slug``. Raises AgentNotFound, RevisionNotFound."""
+    return _revision(session, get_agent(session, slug=slug), version)
+
+
+def restore(session: Session, *, slug: str, version: int) -> Agent:
+    """Copy revision ``version`` into the draft; the live pointer does not move."""
+    agent = get_agent(session, slug=slug, for_update=True)
+    rev = _revision(session, agent, version)
+    draft = _draft(session, agent)
+    draft.spec = dict(rev.spec)
+    draft.updated_at = agent.updated_at = utcnow()
+    session.add_all([draft, agent])
+    _flush(session, f"restoring '{slug}'")
+    return agent
+
+
+def rollback(session: Session, *, slug: str, version: int) -> Agent:
+    """Move the live pointer to existing revision ``version``; no new content.
+
+    The revision is validated against today's registry first (a base it extends
+    may have changed since it was published). Brings a retired agent back.
+    Raises AgentNotFound, RevisionNotFound, InvalidSpec.
+    """
+    agent = get_agent(session, slug=slug, for_update=True)
+    rev = _revision(session, agent, version)
+    _validate_as_live(session, _loaded(agent, rev))
+    _set_live(session, agent, version)
+    _flush(session, f"rolling back '{slug}'")
+    return agent
+
+
+def dependents(session: Session, *, slug: str) -> list[str]:
+    """Pins of other agents' live revisions that reference ``slug`` (extends or subagents)."""
+    rows = session.exec(
+        select(Agent, AgentRevision)
+        .join(AgentLivePointer, col(AgentLivePointer.agent_id) == col(Agent.id))
+        .join(
+            AgentRevision,
+            (col(AgentRevision.agent_id) == col(Agent.id))
+            & (col(AgentRevision.version) == col(AgentLivePointer.version)),
+        )
+        .where(Agent.slug != slug)
+        .order_by(col(Agent.slug))
+    ).all()
+    return [
+        f"{agent.slug}@{rev.version}"
+        for agent, rev in rows
+        if any(parse_ref(r)[0] == slug for r in AgentSpec.model_validate(rev.spec).references())
+    ]
+
+
+def _refuse_if_used(session: Session, slug: str, action: str) -> None:
+    users = dependents(session, slug=slug)
+    if users:
+        msg = f"cannot {action} '{slug}': live revisions reference it: {', '.join(users)}"
+        raise AgentInUse(msg, dependents=users)
+
+
+def retire(session: Session, *, slug: str) -> Agent:
+    """Clear the live pointer; launches are then refused with ``agent_retired``.
+
+    Raises AgentNotFound, AgentInUse (another live revision references it).
+    """
+    agent = get_agent(session, slug=slug, for_update=True)
+    _refuse_if_used(session, slug, "retire")
+    pointer = session.get(AgentLivePointer, _id(agent))
+    if pointer is not None:
+        session.delete(pointer)
+    agent.retired = True
+    agent.updated_at = utcnow()
+    session.add(agent)
+    _flush(session, f"retiring '{slug}'")
+    return agent
+
+
+def delete_agent(session: Session, *, slug: str) -> None:
+    """Delete the identity, draft, revisions and pointer. Raises AgentNotFound, AgentInUse."""
+    agent = get_agent(session, slug=slug, for_update=True)
+    _refuse_if_used(session, slug, "delete")
+    agent_id = _id(agent)
+    for model in (AgentLivePointer, AgentDraft, AgentRevision):
+        for row in session.exec(select(model).where(model.agent_id == agent_id)).all():
+            session.delete(row)
+    session.flush()
+    session.delete(agent)
+    _flush(session, f"deleting '{slug}'")

@@ -1,0 +1,283 @@
+"""The resolver: from one published revision to its effective configuration.
+
+Pure code over a *lookup* (``ref -> LoadedRevision``) so the registry can run it
+against the database and publish-time validation against the database plus the
+candidate draft. Rules (seed 004, 'Inheritance' and 'What bounds a tree'; the
+merge rules are Baton's and are documented in README 'Resolution rules'):
+
+- ``extends`` is walked derived → base. A revisit is ``inheritance_cycle``;
+  more than ``MAX_INHERITANCE_LINKS`` (32) links is ``inheritance_too_deep``.
+- Values are folded base → derived: ``prompt_mode`` append joins base and derived
+  prompts with a blank line, replace keeps the derived prompt only; model and
+  playbook: the most derived value set; skills and tools: ordered union;
+  ``allowed_tools``: intersection (null = no envelope); ``blocked_tools``: union;
+  limits: the minimum of the values set; ``workspace_sharing``: isolated wins.
+- Narrowing only: a derived agent or a subagent node can never use a tool its
+  base or its parent's envelope does not allow, nor one they block.
+- Subagents: base nodes then derived nodes, then the tree bounds apply to the
+  merged tree and every node's reference must resolve (``unknown_agent``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from baton.contracts import ResolvedAgent, ResolvedDelegation, ResolvedLimits, ResolvedNode
+from baton.errors import BatonError, InheritanceCycle, InheritanceTooDeep, UnknownAgent
+from baton.spec import (
+    MAX_INHERITANCE_LINKS,
+    AgentSpec,
+    SubagentNode,
+    check_tree_shape,
+    with_paths,
+)
+
+
+@dataclass(frozen=True)
+class LoadedRevision:
+    """A revision as the resolver sees it. ``version`` is None for an unpublished candidate."""
+
+    slug: str
+    version: int | None
+    digest: str
+    spec: AgentSpec
+    name: str = ""
+    description: str = ""
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        return (self.slug, self.version)
+
+    @property
+    def pin(self) -> str:
+        return f"{self.slug}@{self.version}" if self.version is not None else f"{self.slug}@draft"
+
+
+#: Maps an agent reference (``slug`` or ``slug@v``) to a revision; raises a
+#: :class:`BatonError` (agent_not_found, revision_not_found, …) when it cannot.
+Lookup = Callable[[str], LoadedRevision]
+
+
+@dataclass
+class _Envelope:
+    allowed: frozenset[str] | None
+    blocked: frozenset[str]
+
+
+@dataclass
+class _Intrinsic:
+    """An agent's own layer after folding its ``extends`` chain."""
+
+    prompt: str = ""
+    model: str | None = None
+    playbook: list[dict[str, object]] | None = None
+    skills: list[str] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    allowed: frozenset[str] | None = None
+    blocked: list[str] = field(default_factory=list)
+    limits: ResolvedLimits = field(default_factory=ResolvedLimits)
+    available_for_delegation: bool | None = None
+    delegation_hint: str | None = None
+    workspace_sharing: Literal["isolated", "shareable"] | None = None
+    nodes: list[tuple[SubagentNode, str]] = field(default_factory=list)
+    chain: list[str] = field(default_factory=list)
+
+    def usable_tools(self, envelope: _Envelope) -> list[str]:
+        return [
+            t
+            for t in self.tools
+            if (envelope.allowed is None or t in envelope.allowed) and t not in envelope.blocked
+        ]
+
+
+def _union(first: Iterable[str], second: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys([*first, *second]))
+
+
+def _intersect(*sets: frozenset[str] | None) -> frozenset[str] | None:
+    out: frozenset[str] | None = None
+    for s in sets:
+        if s is not None:
+            out = s if out is None else out & s
+    return out
+
+
+def _min(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _join(*prompts: str | None) -> str:
+    return "\n\n".join(p for p in prompts if p)
+
+
+def _fold(base: _Intrinsic, rev: LoadedRevision, path_prefix: str) -> _Intrinsic:
+    spec = rev.spec
+    sharing = base.workspace_sharing
+    if spec.workspace_sharing == "isolated" or sharing is None:
+        sharing = spec.workspace_sharing or sharing
+    return _Intrinsic(
+        prompt=(
+            spec.system_prompt or ""
+            if spec.prompt_mode == "replace"
+            else _join(base.prompt, spec.system_prompt)
+        ),
+        model=spec.model or base.model,
+        playbook=(
+            [r.model_dump(mode="json") for r in spec.playbook]
+            if spec.playbook is not None
+            else base.playbook
+        ),
+        skills=_union(base.skills, spec.skills),
+        tools=_union(base.tools, spec.tools),
+        allowed=_intersect(
+            base.allowed,
+            frozenset(spec.allowed_tools) if spec.allowed_tools is not None else None,
+        ),
+        blocked=_union(base.blocked, spec.blocked_tools),
+        limits=ResolvedLimits(
+            max_depth=_min(base.limits.max_depth, spec.limits.max_depth),
+            max_spawns=_min(base.limits.max_spawns, spec.limits.max_spawns),
+            token_budget=_min(base.limits.token_budget, spec.limits.token_budget),
+        ),
+        available_for_delegation=(
+            spec.delegation.available_for_delegation
+            if spec.delegation.available_for_delegation is not None
+            else base.available_for_delegation
+        ),
+        delegation_hint=spec.delegation.delegation_hint or base.delegation_hint,
+        workspace_sharing=sharing,
+        nodes=[*base.nodes, *with_paths(spec.subagents, f"{path_prefix}subagents")],
+        chain=[rev.pin, *base.chain],
+    )
+
+
+class Resolver:
+    """Resolves revisions through ``lookup``; caches each revision's intrinsic layer.
+
+    One instance serves one resolution (the cache assumes the lookup is stable).
+    """
+
+    def __init__(self, lookup: Lookup) -> None:
+        self._lookup = lookup
+        self._cache: dict[tuple[str, int | None], _Intrinsic] = {}
+
+    def _load(self, ref: str, path: str) -> LoadedRevision:
+        try:
+            return self._lookup(ref)
+        except BatonError as exc:
+            raise UnknownAgent(
+                f"reference '{ref}' does not resolve: {exc.detail}", path=path
+            ) from exc
+
+    def chain(self, rev: LoadedRevision, path: str = "extends") -> list[LoadedRevision]:
+        """``rev`` and its bases, derived first. Raises InheritanceCycle / InheritanceTooDeep."""
+        chain = [rev]
+        seen = {rev.key}
+        current = rev
+        while current.spec.extends:
+            if len(chain) - 1 >= MAX_INHERITANCE_LINKS:
+                raise InheritanceTooDeep(
+                    f"extends chain from '{rev.slug}' is longer than {MAX_INHERITANCE_LINKS} links",
+                    path=path,
+                )
+            base = self._load(current.spec.extends, path)
+            if base.key in seen:
+                cycle = " -> ".join([r.pin for r in chain] + [base.pin])
+                raise InheritanceCycle(f"extends chain forms a cycle: {cycle}", path=path)
+            seen.add(base.key)
+            chain.append(base)
+            current = base
+        return chain
+
+    def intrinsic(self, rev: LoadedRevision, path: str = "extends") -> _Intrinsic:
+        """The folded layer of ``rev`` (no subagent resolution)."""
+        cached = self._cache.get(rev.key)
+        if cached is not None:
+            return cached
+        chain = self.chain(rev, path)
+        layer = _Intrinsic()
+        for depth, item in enumerate(reversed(chain)):
+            is_root = depth == len(chain) - 1
+            layer = _fold(layer, item, "" if is_root else f"{item.pin}:")
+        self._cache[rev.key] = layer
+        return layer
+
+    def _node(self, node: SubagentNode, path: str, parent: _Envelope) -> ResolvedNode:
+        target = self._load(node.agent, f"{path}.agent")
+        layer = self.intrinsic(target, f"{path}.agent")
+        envelope = _Envelope(
+            allowed=_intersect(
+                parent.allowed,
+                layer.allowed,
+                frozenset(node.allowed_tools) if node.allowed_tools is not None else None,
+            ),
+            blocked=parent.blocked | frozenset(layer.blocked),
+        )
+        return ResolvedNode(
+            alias=node.alias,
+            agent=target.slug,
+            version=target.version if target.version is not None else 0,
+            system_prompt=_join(layer.prompt, node.instructions),
+            model=node.model or layer.model,
+            tools=layer.usable_tools(envelope),
+            allowed_tools=sorted(envelope.allowed) if envelope.allowed is not None else None,
+            blocked_tools=sorted(envelope.blocked),
+            limits=layer.limits,
+            subagents=[
+                self._node(child, f"{path}.subagents[{i}]", envelope)
+                for i, child in enumerate(node.subagents)
+            ],
+        )
+
+    def resolve(self, rev: LoadedRevision) -> ResolvedAgent:
+        """The effective configuration of ``rev``.
+
+        Raises InheritanceCycle, InheritanceTooDeep, UnknownAgent, TreeTooDeep,
+        TreeTooLarge or DuplicateAlias (all 400 ``InvalidSpec``) with a path.
+        """
+        layer = self.intrinsic(rev)
+        check_tree_shape(layer.nodes)
+        envelope = _Envelope(allowed=layer.allowed, blocked=frozenset(layer.blocked))
+        return ResolvedAgent(
+            slug=rev.slug,
+            version=rev.version if rev.version is not None else 0,
+            digest=rev.digest,
+            name=rev.name,
+            description=rev.description,
+            system_prompt=layer.prompt,
+            model=layer.model,
+            playbook=layer.playbook,
+            skills=layer.skills,
+            tools=layer.usable_tools(envelope),
+            allowed_tools=sorted(layer.allowed) if layer.allowed is not None else None,
+            blocked_tools=layer.blocked,
+            limits=layer.limits,
+            delegation=ResolvedDelegation(
+                available_for_delegation=bool(layer.available_for_delegation),
+                delegation_hint=layer.delegation_hint,
+            ),
+            workspace_sharing=layer.workspace_sharing or "isolated",
+            subagents=[self._node(node, path, envelope) for node, path in layer.nodes],
+            inheritance=layer.chain,
+        )
+
+
+def candidate_lookup(lookup: Lookup, candidate: LoadedRevision) -> Lookup:
+    """``lookup`` as it will be once ``candidate`` is live: its bare slug resolves to it.
+
+    Used to validate a publish or a rollback before the live pointer moves, so
+    that ``a extends a`` and longer cycles through the live pointer are caught.
+    """
+
+    def _lookup(ref: str) -> LoadedRevision:
+        if ref == candidate.slug:
+            return candidate
+        return lookup(ref)
+
+    return _lookup

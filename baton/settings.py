@@ -1,0 +1,97 @@
+"""Baton settings, read from ``BATON_*`` environment variables (and ``.env``).
+
+Nothing is read at import time: call :func:`get_settings` where settings are
+needed (app lifespan, CLI entry, worker factory). Secrets never reach a log:
+the database URL is rendered with its password hidden in ``repr``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+
+DEFAULT_DATABASE_URL = "sqlite:///./.baton/baton.db"
+
+
+class Settings(BaseSettings):
+    """Process-wide configuration.
+
+    Every field maps to ``BATON_<FIELD>`` (case-insensitive), e.g.
+    ``BATON_DATABASE_URL``, ``BATON_REVIEW_TIMEOUT``.
+
+    Raises ``pydantic.ValidationError`` when a value is malformed or when
+    ``max_delegation_depth`` exceeds ``runtime_depth_ceiling``.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="BATON_", env_file=".env", extra="ignore", validate_default=True
+    )
+
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        description="SQLAlchemy URL: sqlite:///path or postgresql+psycopg://user:pw@host/db.",
+    )
+    temporal_address: str = Field(default="localhost:7233", description="host:port of Temporal.")
+    temporal_namespace: str = Field(default="default")
+    task_queue: str = Field(default="baton", description="Task queue the worker polls.")
+    review_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a policy review waits for a decision before it is denied "
+        "(seed 003, 'Review timeout').",
+    )
+    max_delegation_depth: int = Field(
+        default=3, ge=1, description="How many delegation hops a run may nest (seed 002)."
+    )
+    runtime_depth_ceiling: int = Field(
+        default=8,
+        ge=1,
+        description="Per-deployment nesting ceiling no agent setting can raise (seed 004, "
+        "'What bounds a tree').",
+    )
+    auth: Literal["off", "on"] = Field(
+        default="off", description="'on' requires bearer API tokens and applies agent ACLs."
+    )
+    model: str | None = Field(
+        default=None,
+        description="Default model as pydantic-ai names it (e.g. openai:gpt-4o-mini); "
+        "unset = the offline scripted model.",
+    )
+
+    @model_validator(mode="after")
+    def _depth_within_ceiling(self) -> Settings:
+        if self.max_delegation_depth > self.runtime_depth_ceiling:
+            msg = (
+                f"max_delegation_depth ({self.max_delegation_depth}) exceeds "
+                f"runtime_depth_ceiling ({self.runtime_depth_ceiling})"
+            )
+            raise ValueError(msg)
+        return self
+
+    @property
+    def database_url_redacted(self) -> str:
+        """The database URL with any password replaced by ``***``."""
+        return make_url(self.database_url).render_as_string(hide_password=True)
+
+    def sqlite_path(self) -> Path | None:
+        """The file behind a ``sqlite:///`` URL, or None for other databases / in-memory."""
+        url = make_url(self.database_url)
+        if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+            return None
+        return Path(url.database)
+
+    def __repr_args__(self):  # type: ignore[no-untyped-def]
+        # The URL may carry a password: repr/str/logging see the redacted form only.
+        for name, value in super().__repr_args__():
+            yield name, (self.database_url_redacted if name == "database_url" else value)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Load settings once per process (lazily, on first call)."""
+    return Settings()

@@ -1,0 +1,286 @@
+"""The authored agent spec (what ``PUT /v1/agents/{slug}/draft`` and ``baton apply`` take).
+
+Pure pydantic, no I/O: safe to import from workflow code. Unknown fields are
+errors (``extra="forbid"``); the removed ``maxFanout`` / ``max_fanout`` field is
+refused with its own error type ``removed_field`` (seed 004, 'What bounds a
+tree': "a manifest declaring it is now rejected").
+
+Shape bounds that need only the spec itself (tree depth and size, sibling
+aliases) are checked by :func:`check_tree_shape`; bounds that need other agents
+(``extends`` chains, references) by :mod:`baton.resolver`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from baton.errors import DuplicateAlias, TreeTooDeep, TreeTooLarge
+
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+REF_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$"
+TOOL_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+
+#: Fixed platform bounds (seed 004, 'What bounds a tree'); not per-agent settings.
+MAX_TREE_LEVELS = 6
+MAX_TREE_NODES = 64
+MAX_INHERITANCE_LINKS = 32
+
+#: Field names that were removed from the contract and are refused where they appear.
+REMOVED_FIELDS = frozenset({"maxFanout", "max_fanout"})
+
+Slug = Annotated[str, Field(pattern=SLUG_PATTERN, examples=["researcher"])]
+AgentRef = Annotated[
+    str,
+    Field(
+        pattern=REF_PATTERN,
+        description="`slug` (the live revision) or `slug@version` (that revision).",
+        examples=["researcher", "researcher@3"],
+    ),
+]
+ToolName = Annotated[str, Field(pattern=TOOL_PATTERN, examples=["web_search"])]
+
+
+def _refuse_removed(data: Any) -> Any:
+    if isinstance(data, dict):
+        for key in data:
+            if key in REMOVED_FIELDS:
+                raise PydanticCustomError(
+                    "removed_field",
+                    "'{field}' was removed from the agent contract on 2026-09-01; delete it",
+                    {"field": key},
+                )
+    return data
+
+
+class _Strict(BaseModel):
+    """Unknown fields are errors and removed fields get their own error type."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_fields(cls, data: Any) -> Any:
+        return _refuse_removed(data)
+
+
+class PlaybookToolCall(_Strict):
+    """A tool call the scripted model makes: ``{tool, args}``."""
+
+    tool: str = Field(min_length=1, max_length=64, examples=["invoke_agent"])
+    args: dict[str, Any] = Field(default_factory=dict, examples=[{"slug": "writer"}])
+
+
+class PlaybookRule(_Strict):
+    """One rule of the scripted model's playbook: when ``when`` matches, answer.
+
+    ``when`` is a regular expression searched (case-insensitive) in the last
+    message; omitted = always matches. A rule answers with ``reply`` text and/or
+    ``tool_calls``; at least one of them is required.
+    """
+
+    when: str | None = Field(default=None, examples=["(?i)summari[sz]e"])
+    reply: str | None = Field(default=None, examples=["Here is the summary."])
+    tool_calls: list[PlaybookToolCall] = Field(default_factory=list)
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _answers(self) -> PlaybookRule:
+        if self.reply is None and not self.tool_calls:
+            raise ValueError("a playbook rule needs 'reply' or 'tool_calls'")
+        return self
+
+
+class AgentLimits(_Strict):
+    """Run-time limits, enforced by Baton (unlike seed 004, where they are declarative).
+
+    Unset (null) bounds nothing. An overlay can only lower a limit.
+    """
+
+    max_depth: int | None = Field(
+        default=None, ge=0, le=64, description="Delegation nesting allowed below this agent."
+    )
+    max_spawns: int | None = Field(
+        default=None, ge=0, description="Sessions one run of this agent may start in total."
+    )
+    token_budget: int | None = Field(
+        default=None, ge=1, description="Tokens (in + out) across the run's whole subtree."
+    )
+
+
+class DelegationConfig(_Strict):
+    """Ad-hoc delegation roster membership (seed 002, 'Ad-hoc delegation')."""
+
+    available_for_delegation: bool | None = Field(
+        default=None, description="Offer this agent on other agents' roster (default false)."
+    )
+    delegation_hint: str | None = Field(
+        default=None, max_length=500, description="Specialty shown on the roster."
+    )
+
+
+class SubagentNode(_Strict):
+    """A node of a subagent tree: a reference to another agent plus node-local narrowing."""
+
+    alias: Slug = Field(description="Name of this node, distinct among its siblings.")
+    agent: AgentRef
+    instructions: str | None = Field(
+        default=None, description="Appended to the referenced agent's prompt for this node."
+    )
+    model: str | None = Field(default=None, description="Model override for this node.")
+    allowed_tools: list[ToolName] | None = Field(
+        default=None, description="Narrows the referenced agent's tools; null = no narrowing."
+    )
+    subagents: list[SubagentNode] = Field(default_factory=list)
+
+
+class AgentSpec(_Strict):
+    """The versioned part of an agent (DESIGN §3). All fields are optional.
+
+    ``tools`` declares tools; ``allowed_tools`` (null = no envelope) and
+    ``blocked_tools`` bound what may be used. See README 'Resolution rules'.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "system_prompt": "You research questions and cite sources.",
+                    "extends": "base-assistant",
+                    "prompt_mode": "append",
+                    "tools": ["web_search"],
+                    "limits": {"max_spawns": 4, "token_budget": 50000},
+                    "subagents": [{"alias": "checker", "agent": "fact-checker@2"}],
+                }
+            ]
+        },
+    )
+
+    system_prompt: str | None = None
+    extends: AgentRef | None = Field(default=None, description="Base agent to inherit from.")
+    prompt_mode: Literal["append", "replace"] = Field(
+        default="append",
+        description="append: base prompt then this one; replace: this prompt only.",
+    )
+    model: str | None = Field(
+        default=None, examples=["openai:gpt-4o-mini"], description="pydantic-ai model name."
+    )
+    playbook: list[PlaybookRule] | None = Field(
+        default=None, description="Rules for the offline scripted model; ignored by real models."
+    )
+    skills: list[str] = Field(default_factory=list)
+    tools: list[ToolName] = Field(default_factory=list)
+    allowed_tools: list[ToolName] | None = None
+    blocked_tools: list[ToolName] = Field(default_factory=list)
+    subagents: list[SubagentNode] = Field(default_factory=list)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
+    delegation: DelegationConfig = Field(default_factory=DelegationConfig)
+    workspace_sharing: Literal["isolated", "shareable"] | None = None
+
+    def references(self) -> list[str]:
+        """Every agent reference in the spec: ``extends`` first, then the tree in pre-order."""
+        refs = [self.extends] if self.extends else []
+        refs.extend(node.agent for node, _path, _level in iter_tree(with_paths(self.subagents)))
+        return refs
+
+
+def iter_tree(
+    top: list[tuple[SubagentNode, str]], level: int = 1
+) -> list[tuple[SubagentNode, str, int]]:
+    """Nodes of a tree in pre-order as ``(node, path, level)``; top-level nodes are level 1.
+
+    ``top`` pairs each top-level node with its path (e.g. ``subagents[0]``).
+    """
+    out: list[tuple[SubagentNode, str, int]] = []
+    for node, node_path in top:
+        out.append((node, node_path, level))
+        out.extend(iter_tree(child_paths(node, node_path), level + 1))
+    return out
+
+
+def child_paths(node: SubagentNode, node_path: str) -> list[tuple[SubagentNode, str]]:
+    """``node``'s children paired with their paths."""
+    return [(c, f"{node_path}.subagents[{i}]") for i, c in enumerate(node.subagents)]
+
+
+def with_paths(
+    nodes: list[SubagentNode], path: str = "subagents"
+) -> list[tuple[SubagentNode, str]]:
+    """Top-level ``nodes`` paired with their paths under ``path``."""
+    return [(node, f"{path}[{i}]") for i, node in enumerate(nodes)]
+
+
+def check_tree_shape(top: list[tuple[SubagentNode, str]]) -> None:
+    """Enforce the fixed tree bounds (seed 004, 'What bounds a tree').
+
+    ``top`` is the top-level nodes with their paths (see :func:`with_paths`).
+    At most ``MAX_TREE_LEVELS`` (6) levels of nesting (a top-level subagent is
+    level 1), at most ``MAX_TREE_NODES`` (64) nodes in total, distinct aliases
+    among siblings. Raises ``TreeTooDeep``, ``TreeTooLarge`` or ``DuplicateAlias``
+    with the path of the first offending node.
+    """
+    flat = iter_tree(top)
+    for node, node_path, level in flat:
+        if level > MAX_TREE_LEVELS:
+            raise TreeTooDeep(
+                f"subagent tree is {level} levels deep at '{node.alias}'; "
+                f"at most {MAX_TREE_LEVELS} are allowed",
+                path=node_path,
+            )
+    if len(flat) > MAX_TREE_NODES:
+        _node, node_path, _level = flat[MAX_TREE_NODES]
+        raise TreeTooLarge(
+            f"subagent tree has {len(flat)} nodes; at most {MAX_TREE_NODES} are allowed",
+            path=node_path,
+        )
+    _check_sibling_aliases(top)
+    for node, node_path, _level in flat:
+        _check_sibling_aliases(child_paths(node, node_path))
+
+
+def _check_sibling_aliases(siblings: list[tuple[SubagentNode, str]]) -> None:
+    seen: set[str] = set()
+    for node, node_path in siblings:
+        if node.alias in seen:
+            raise DuplicateAlias(
+                f"alias '{node.alias}' is used by more than one sibling",
+                path=f"{node_path}.alias",
+            )
+        seen.add(node.alias)
+
+
+def canonical_json(spec: AgentSpec) -> str:
+    """The canonical JSON of a spec: defaults omitted, keys sorted, no whitespace."""
+    data = spec.model_dump(mode="json", exclude_defaults=True)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def spec_digest(spec: AgentSpec) -> str:
+    """``sha256:<hex>`` of :func:`canonical_json` (DESIGN §3, content-addressed revisions)."""
+    return "sha256:" + hashlib.sha256(canonical_json(spec).encode()).hexdigest()
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    """Split ``slug`` / ``slug@3`` into ``(slug, version or None)``.
+
+    Raises ``ValueError`` when ``ref`` does not match ``REF_PATTERN``.
+    """
+    if not re.fullmatch(REF_PATTERN, ref):
+        raise ValueError(f"'{ref}' is not an agent reference (slug or slug@version)")
+    slug, _, version = ref.partition("@")
+    return slug, int(version) if version else None
