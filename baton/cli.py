@@ -55,9 +55,7 @@ def _apply(path: Path) -> None:
 
 @app.command()
 def apply(
-    file: Annotated[
-        Path, typer.Option("--file", "-f", help="YAML file with an `agents:` list.")
-    ],
+    file: Annotated[Path, typer.Option("--file", "-f", help="YAML file with an `agents:` list.")],
 ) -> None:
     """Create or update drafts and publish every agent in FILE (idempotent, all or nothing)."""
     try:

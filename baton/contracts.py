@@ -14,6 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 class ResolvedLimits(BaseModel):
     """Effective limits: the minimum of every value set along the chain; null = unbounded."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"max_depth": 2, "max_spawns": None, "token_budget": 100000}]
+        }
+    )
+
     max_depth: int | None = None
     max_spawns: int | None = None
     token_budget: int | None = None
@@ -22,12 +28,34 @@ class ResolvedLimits(BaseModel):
 class ResolvedDelegation(BaseModel):
     """Effective ad-hoc delegation settings."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"available_for_delegation": True, "delegation_hint": "writes reports"}]
+        }
+    )
+
     available_for_delegation: bool = False
     delegation_hint: str | None = None
 
 
 class ResolvedNode(BaseModel):
     """A subagent node after resolution: the referenced agent pinned, tools narrowed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "alias": "checker",
+                    "agent": "fact-checker",
+                    "version": 2,
+                    "system_prompt": "Check claims.",
+                    "tools": ["web_search"],
+                    "allowed_tools": ["web_search"],
+                    "blocked_tools": ["shell"],
+                }
+            ]
+        }
+    )
 
     alias: str
     agent: str = Field(description="Slug of the referenced agent.")

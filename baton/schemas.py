@@ -15,6 +15,8 @@ T = TypeVar("T")
 class Page(BaseModel, Generic[T]):
     """A list response: ``{"data": [...], "count": N}``; ``count`` is the total before paging."""
 
+    model_config = ConfigDict(json_schema_extra={"examples": [{"data": [], "count": 0}]})
+
     data: list[T]
     count: int = Field(ge=0, description="Total matching items, before limit/offset.")
 

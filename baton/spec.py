@@ -72,6 +72,13 @@ class _Strict(BaseModel):
 class PlaybookToolCall(_Strict):
     """A tool call the scripted model makes: ``{tool, args}``."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"tool": "invoke_agent", "args": {"slug": "writer", "prompt": "Draft it"}}]
+        },
+    )
+
     tool: str = Field(min_length=1, max_length=64, examples=["invoke_agent"])
     args: dict[str, Any] = Field(default_factory=dict, examples=[{"slug": "writer"}])
 
@@ -83,6 +90,21 @@ class PlaybookRule(_Strict):
     message; omitted = always matches. A rule answers with ``reply`` text and/or
     ``tool_calls``; at least one of them is required.
     """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "when": "(?i)report",
+                    "reply": "Delegating to the writer.",
+                    "tool_calls": [
+                        {"tool": "invoke_agent", "args": {"slug": "writer", "prompt": "Draft it"}}
+                    ],
+                }
+            ]
+        },
+    )
 
     when: str | None = Field(default=None, examples=["(?i)summari[sz]e"])
     reply: str | None = Field(default=None, examples=["Here is the summary."])
@@ -111,6 +133,11 @@ class AgentLimits(_Strict):
     Unset (null) bounds nothing. An overlay can only lower a limit.
     """
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"max_depth": 2, "max_spawns": 6, "token_budget": 100000}]},
+    )
+
     max_depth: int | None = Field(
         default=None, ge=0, le=64, description="Delegation nesting allowed below this agent."
     )
@@ -125,6 +152,13 @@ class AgentLimits(_Strict):
 class DelegationConfig(_Strict):
     """Ad-hoc delegation roster membership (seed 002, 'Ad-hoc delegation')."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"available_for_delegation": True, "delegation_hint": "verifies claims"}]
+        },
+    )
+
     available_for_delegation: bool | None = Field(
         default=None, description="Offer this agent on other agents' roster (default false)."
     )
@@ -135,6 +169,20 @@ class DelegationConfig(_Strict):
 
 class SubagentNode(_Strict):
     """A node of a subagent tree: a reference to another agent plus node-local narrowing."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "alias": "checker",
+                    "agent": "fact-checker@2",
+                    "instructions": "Be strict.",
+                    "allowed_tools": ["web_search"],
+                }
+            ]
+        },
+    )
 
     alias: Slug = Field(description="Name of this node, distinct among its siblings.")
     agent: AgentRef

@@ -1,0 +1,140 @@
+"""Shared fixtures: a real PostgreSQL cluster, DB engines on both backends, a live API."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel
+
+from api.app import create_app
+from baton.db import init_db, make_engine
+from baton.settings import Settings
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pg_bin() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        pytest.fail("PostgreSQL binaries missing: `apt-get install postgresql` (.ci/run does it)")
+    return Path(found[-1]).parent
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    # initdb and postgres refuse to run as root; CI and dev machines run tests as root.
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on a free loopback port, removed afterwards."""
+    bindir = _pg_bin()
+    root = Path(tempfile.mkdtemp(prefix="baton-pg-"))
+    root.chmod(0o755)
+    data = root / "data"
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    port = free_port()
+    subprocess.run(
+        _as_postgres(
+            [str(bindir / "initdb"), "-D", str(data), "-U", "baton", "-A", "trust", "--no-sync"]
+        ),
+        check=True,
+        capture_output=True,
+    )
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run(
+        _as_postgres(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                opts,
+                "-l",
+                str(root / "log"),
+                "-w",
+                "start",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql+psycopg://baton@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """An empty Baton schema on SQLite (a file) and on the real PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'baton.db'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    eng = make_engine(url)
+    SQLModel.metadata.drop_all(eng)
+    init_db(eng)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    """A session on :func:`engine`; tests commit what they mean to keep."""
+    with Session(engine, expire_on_commit=False) as s:
+        yield s
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Settings pointing at a fresh SQLite file."""
+    return Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}")
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[httpx.Client]:
+    """The real API under uvicorn on a free loopback port, and a client for it."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

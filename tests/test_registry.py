@@ -1,0 +1,282 @@
+"""Registry semantics on SQLite and on a real PostgreSQL (seed 004, 'Identity, drafts, …')."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+import pytest
+from sqlmodel import Session, select
+
+from baton import registry
+from baton.db import AgentRevision
+from baton.errors import (
+    AgentExists,
+    AgentInUse,
+    AgentNotFound,
+    AgentNotPublished,
+    AgentRetired,
+    BatonError,
+    InheritanceCycle,
+    InheritanceTooDeep,
+    RevisionNotFound,
+    TreeTooDeep,
+    TreeTooLarge,
+    UnknownAgent,
+)
+from baton.spec import AgentSpec
+
+
+def put(session: Session, slug: str, **spec: Any) -> tuple[int, bool]:
+    """Create-or-update ``slug``'s draft to ``spec``, publish, commit; (version, created)."""
+    parsed = AgentSpec.model_validate(spec)
+    try:
+        registry.get_agent(session, slug=slug)
+        registry.save_draft(session, slug=slug, spec=parsed)
+    except AgentNotFound:
+        registry.create_agent(session, slug=slug, name=slug.title(), spec=parsed)
+    try:
+        rev, created = registry.publish(session, slug=slug)
+    except BatonError:
+        session.rollback()
+        raise
+    session.commit()
+    return rev.version, created
+
+
+def revision_count(session: Session) -> int:
+    return len(session.exec(select(AgentRevision)).all())
+
+
+def live(session: Session, slug: str) -> int | None:
+    return registry.to_public(session, registry.get_agent(session, slug=slug)).live_version
+
+
+def test_publish_numbers_revisions_and_moves_the_live_pointer(session: Session) -> None:
+    """Each publish of new content is version N+1 with a sha256 digest, and becomes live."""
+    assert put(session, "a", system_prompt="one") == (1, True)
+    assert put(session, "a", system_prompt="two") == (2, True)
+    assert put(session, "a", system_prompt="three") == (3, True)
+    assert live(session, "a") == 3
+    revs = registry.list_revisions(session, slug="a")
+    assert [r.version for r in revs] == [3, 2, 1]
+    assert len({r.digest for r in revs}) == 3
+    assert all(r.digest.startswith("sha256:") for r in revs)
+
+
+def test_identical_republish_creates_nothing(session: Session) -> None:
+    """Publishing content identical to the live revision returns it and writes no revision."""
+    put(session, "a", system_prompt="same", tools=["x"])
+    before = revision_count(session)
+    assert put(session, "a", tools=["x"], system_prompt="same") == (1, False)
+    assert revision_count(session) == before
+
+
+def test_republishing_old_content_is_a_new_version(session: Session) -> None:
+    """Content equal to a non-live older revision is published as a new version."""
+    put(session, "a", system_prompt="one")
+    put(session, "a", system_prompt="two")
+    assert put(session, "a", system_prompt="one") == (3, True)
+
+
+def test_pins_stay_stable_after_a_newer_publish(session: Session) -> None:
+    """`slug@1` keeps resolving revision 1 after revision 2 is live; `slug` follows the pointer."""
+    put(session, "a", system_prompt="first")
+    put(session, "a", system_prompt="second")
+    assert registry.resolve_agent(session, ref="a@1").system_prompt == "first"
+    assert registry.resolve_agent(session, ref="a").system_prompt == "second"
+    assert registry.resolve_agent(session, ref="a").version == 2
+
+
+def test_restore_copies_into_the_draft_only(session: Session) -> None:
+    """restore(v) puts revision v in the draft and leaves the live pointer alone."""
+    put(session, "a", system_prompt="first")
+    put(session, "a", system_prompt="second")
+    registry.restore(session, slug="a", version=1)
+    session.commit()
+    public = registry.to_public(session, registry.get_agent(session, slug="a"))
+    assert public.draft.system_prompt == "first"
+    assert public.live_version == 2
+    assert revision_count(session) == 2
+
+
+def test_rollback_moves_the_pointer_without_new_content(session: Session) -> None:
+    """rollback(v) makes v live and creates no revision."""
+    put(session, "a", system_prompt="first")
+    put(session, "a", system_prompt="second")
+    registry.rollback(session, slug="a", version=1)
+    session.commit()
+    assert live(session, "a") == 1
+    assert revision_count(session) == 2
+    assert registry.resolve_agent(session, ref="a").system_prompt == "first"
+
+
+def test_rollback_to_a_missing_revision_is_refused(session: Session) -> None:
+    """rollback to a version that was never published raises revision_not_found."""
+    put(session, "a", system_prompt="first")
+    with pytest.raises(RevisionNotFound):
+        registry.rollback(session, slug="a", version=2)
+
+
+def test_retire_refuses_launches_until_published_again(session: Session) -> None:
+    """retire clears the pointer; slug and slug@v are refused with agent_retired."""
+    put(session, "a", system_prompt="first")
+    registry.retire(session, slug="a")
+    session.commit()
+    assert live(session, "a") is None
+    for ref in ("a", "a@1"):
+        with pytest.raises(AgentRetired):
+            registry.resolve_ref(session, ref=ref)
+    assert registry.get_revision(session, slug="a", version=1).version == 1
+    assert put(session, "a", system_prompt="back") == (2, True)
+    assert registry.resolve_agent(session, ref="a").system_prompt == "back"
+
+
+def test_unresolvable_references(session: Session) -> None:
+    """Unknown slug/version → agent/revision_not_found; nothing live → agent_not_published."""
+    registry.create_agent(session, slug="draft-only", name="Draft")
+    session.commit()
+    put(session, "a", system_prompt="x")
+    with pytest.raises(AgentNotFound):
+        registry.resolve_ref(session, ref="ghost")
+    with pytest.raises(RevisionNotFound):
+        registry.resolve_ref(session, ref="a@9")
+    with pytest.raises(AgentNotPublished):
+        registry.resolve_ref(session, ref="draft-only")
+
+
+def test_duplicate_slug_is_refused(session: Session) -> None:
+    """Creating an existing slug raises agent_exists."""
+    registry.create_agent(session, slug="a", name="A")
+    session.commit()
+    with pytest.raises(AgentExists):
+        registry.create_agent(session, slug="a", name="Again")
+
+
+def test_self_extension_is_a_cycle_of_length_one(session: Session) -> None:
+    """`a extends a` is refused with inheritance_cycle and nothing is written."""
+    put(session, "a", system_prompt="x")
+    before = revision_count(session)
+    with pytest.raises(InheritanceCycle):
+        put(session, "a", system_prompt="y", extends="a")
+    assert revision_count(session) == before
+    assert live(session, "a") == 1
+
+
+def test_cycle_of_length_three(session: Session) -> None:
+    """a → b → c → a is refused when the closing link is published."""
+    put(session, "c", system_prompt="c")
+    put(session, "b", extends="c")
+    put(session, "a", extends="b")
+    with pytest.raises(InheritanceCycle) as info:
+        put(session, "c", extends="a")
+    assert info.value.path == "extends"
+    assert live(session, "c") == 1
+
+
+def chain(session: Session, links: int) -> None:
+    """Publish c0 … c<links>, each extending the previous one."""
+    put(session, "c0", system_prompt="root")
+    for i in range(1, links + 1):
+        put(session, f"c{i}", extends=f"c{i - 1}")
+
+
+def test_inheritance_chain_of_32_links_is_allowed(session: Session) -> None:
+    """An agent 32 extends-links from its root publishes and resolves."""
+    chain(session, 32)
+    assert len(registry.resolve_agent(session, ref="c32").inheritance) == 33
+
+
+def test_inheritance_chain_of_33_links_is_refused(session: Session) -> None:
+    """A 33rd link raises inheritance_too_deep."""
+    chain(session, 32)
+    with pytest.raises(InheritanceTooDeep):
+        put(session, "c33", extends="c32")
+
+
+def test_unknown_references_are_refused_at_publish(session: Session) -> None:
+    """extends or a node naming a missing agent, or a missing revision, → unknown_agent + path."""
+    put(session, "real", system_prompt="x")
+    cases: dict[str, dict[str, Any]] = {
+        "extends": {"extends": "ghost"},
+        "subagents[0].agent": {"subagents": [{"alias": "g", "agent": "ghost"}]},
+        "subagents[1].agent": {
+            "subagents": [{"alias": "r", "agent": "real"}, {"alias": "v", "agent": "real@7"}]
+        },
+    }
+    for path, spec in cases.items():
+        with pytest.raises(UnknownAgent) as info:
+            put(session, "lead", **spec)
+        assert info.value.path == path
+
+
+def test_tree_bounds_apply_at_draft_save_and_publish(session: Session) -> None:
+    """A 7-level tree is refused when saved; an inherited tree that grows past 64 at publish."""
+    put(session, "leaf", system_prompt="leaf")
+    node: dict[str, Any] = {"alias": "n7", "agent": "leaf"}
+    for level in range(6, 0, -1):
+        node = {"alias": f"n{level}", "agent": "leaf", "subagents": [node]}
+    registry.create_agent(session, slug="deep", name="Deep")
+    with pytest.raises(TreeTooDeep):
+        registry.save_draft(
+            session, slug="deep", spec=AgentSpec.model_validate({"subagents": [node]})
+        )
+    session.rollback()
+    put(session, "base", subagents=[{"alias": f"b{i}", "agent": "leaf"} for i in range(40)])
+    put(
+        session,
+        "ok",
+        extends="base",
+        subagents=[{"alias": f"d{i}", "agent": "leaf"} for i in range(24)],
+    )
+    with pytest.raises(TreeTooLarge):
+        put(
+            session,
+            "big",
+            extends="base",
+            subagents=[{"alias": f"d{i}", "agent": "leaf"} for i in range(25)],
+        )
+
+
+def test_rollback_is_validated_against_todays_registry(session: Session) -> None:
+    """Rolling back to a revision that now closes an extends cycle is refused."""
+    put(session, "b", system_prompt="b")
+    put(session, "a", extends="b")
+    put(session, "a", system_prompt="standalone")
+    put(session, "b", extends="a")
+    with pytest.raises(InheritanceCycle):
+        registry.rollback(session, slug="a", version=1)
+    session.rollback()
+    assert live(session, "a") == 2
+
+
+def test_referenced_agents_cannot_be_retired_or_deleted(session: Session) -> None:
+    """retire/delete of an agent a live revision references raises agent_in_use naming it."""
+    put(session, "base", system_prompt="b")
+    put(session, "child", extends="base")
+    for action in (registry.retire, registry.delete_agent):
+        with pytest.raises(AgentInUse) as info:
+            action(session, slug="base")
+        assert info.value.extra["dependents"] == ["child@1"]
+        session.rollback()
+
+
+def test_delete_removes_everything_and_frees_the_slug(session: Session) -> None:
+    """delete removes identity, draft, revisions and pointer; the slug can be reused."""
+    put(session, "a", system_prompt="one")
+    put(session, "a", system_prompt="two")
+    registry.delete_agent(session, slug="a")
+    session.commit()
+    assert revision_count(session) == 0
+    with pytest.raises(AgentNotFound):
+        registry.get_agent(session, slug="a")
+    assert put(session, "a", system_prompt="fresh") == (1, True)
+
+
+def test_timestamps_are_tz_aware_utc(session: Session) -> None:
+    """Timestamps read back from the database carry the UTC zone."""
+    put(session, "a", system_prompt="x")
+    session.expire_all()
+    agent = registry.get_agent(session, slug="a")
+    rev = registry.get_revision(session, slug="a", version=1)
+    assert agent.created_at.tzinfo == UTC and rev.published_at.tzinfo == UTC
