@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -26,8 +27,10 @@ EXAMPLES = Path("examples/agents.yaml")
 
 
 def _fail(exc: BatonError) -> typer.Exit:
-    where = f" at {exc.path}" if exc.path else ""
-    err_console.print(f"[bold red]error[/] [{exc.code}]{where}: {exc.detail}", highlight=False)
+    where = f" at {exc.path}" if exc.path and exc.path not in exc.detail else ""
+    err_console.print(
+        f"[bold red]error[/] {escape(f'[{exc.code}]{where}: {exc.detail}')}", highlight=False
+    )
     return typer.Exit(code=1)
 
 
@@ -127,3 +130,7 @@ def demo(
             show(item["slug"])
     except BatonError as exc:
         raise _fail(exc) from exc
+
+
+if __name__ == "__main__":
+    app()

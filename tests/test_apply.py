@@ -1,0 +1,109 @@
+"""`baton apply` as a user runs it: a real process against a SQLite file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from baton.db import Agent, AgentRevision, make_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "agents.yaml"
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'apply.db'}"
+
+
+def baton(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BATON_DATABASE_URL": db_url, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "baton.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def counts(db_url: str) -> tuple[int, int]:
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as s:
+            return len(s.exec(select(Agent)).all()), len(s.exec(select(AgentRevision)).all())
+    finally:
+        engine.dispose()
+
+
+def test_examples_publish_then_a_second_apply_changes_nothing(db_url: str) -> None:
+    """A fresh apply of the examples publishes each at version 1; applying again is a no-op."""
+    first = baton(db_url, "apply", "-f", str(EXAMPLES))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("created") == 4
+    before = counts(db_url)
+    second = baton(db_url, "apply", "-f", str(EXAMPLES))
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.count("unchanged") == 4
+    assert counts(db_url) == before == (4, 4)
+
+
+def test_changed_agent_is_republished_alone(db_url: str, tmp_path: Path) -> None:
+    """Editing one agent in the file publishes version 2 of that agent only."""
+    baton(db_url, "apply", "-f", str(EXAMPLES))
+    edited = tmp_path / "agents.yaml"
+    edited.write_text(
+        EXAMPLES.read_text().replace("Write clear, well-structured", "Write crisp, well-structured")
+    )
+    out = baton(db_url, "apply", "-f", str(edited))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("published") == 1 and out.stdout.count("unchanged") == 3
+    assert counts(db_url) == (4, 5)
+
+
+def test_bases_are_published_first_whatever_the_file_order(db_url: str, tmp_path: Path) -> None:
+    """An agent listed before the base it extends still publishes."""
+    f = tmp_path / "agents.yaml"
+    f.write_text(
+        "agents:\n"
+        "  - {slug: child, name: Child, spec: {extends: base, system_prompt: child}}\n"
+        "  - {slug: base, name: Base, spec: {system_prompt: base}}\n"
+    )
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 0, out.stderr
+    assert counts(db_url) == (2, 2)
+
+
+def test_a_failing_agent_writes_nothing(db_url: str, tmp_path: Path) -> None:
+    """One invalid agent fails the whole apply (exit 1, code printed) and nothing is written."""
+    f = tmp_path / "agents.yaml"
+    f.write_text(
+        "agents:\n"
+        "  - {slug: good, name: Good, spec: {system_prompt: fine}}\n"
+        "  - {slug: bad, name: Bad, spec: {extends: ghost}}\n"
+    )
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1
+    assert "unknown_agent" in out.stderr and "extends" in out.stderr
+    assert counts(db_url) == (0, 0)
+
+
+def test_removed_and_unknown_fields_are_reported_with_their_path(
+    db_url: str, tmp_path: Path
+) -> None:
+    """maxFanout is refused as removed_field; a misspelt field as invalid_spec; both with paths."""
+    f = tmp_path / "agents.yaml"
+    f.write_text("agents:\n  - {slug: a, name: A, spec: {limits: {maxFanout: 2}}}\n")
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1
+    assert "removed_field" in out.stderr and "agents[0].spec.limits.maxFanout" in out.stderr
+    f.write_text("agents:\n  - {slug: a, name: A, spec: {system_promt: hi}}\n")
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1
+    assert "invalid_spec" in out.stderr and "agents[0].spec.system_promt" in out.stderr
