@@ -63,6 +63,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_problem_handlers(app)
+
+    @app.get("/healthz", tags=["ops"], summary="Liveness")
+    def healthz() -> dict[str, str]:
+        """``{"status": "ok"}`` while the process serves requests."""
+        return {"status": "ok"}
+
     app.include_router(agents.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -17,7 +17,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from baton.errors import BatonError, RemovedField, spec_error, validation_entries
+from baton.errors import (
+    BatonError,
+    RemovedField,
+    from_database_error,
+    spec_error,
+    validation_entries,
+)
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("baton.api")
@@ -99,6 +105,10 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        mapped = from_database_error(exc)
+        if mapped is not None:
+            log.warning("%s %s: %s", request.method, request.url.path, mapped.detail)
+            return problem_response(mapped.to_problem())
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return problem_response(
             {

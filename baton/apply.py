@@ -24,7 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session
 
 from baton import registry
-from baton.errors import AgentNotFound, BatonError, spec_error, validation_entries
+from baton.errors import (
+    AgentNotFound,
+    BatonError,
+    InheritanceCycle,
+    spec_error,
+    validation_entries,
+)
 from baton.schemas import AgentCreate
 from baton.spec import parse_ref
 
@@ -37,12 +43,17 @@ class ApplyFile(BaseModel):
     agents: list[AgentCreate] = Field(default_factory=list)
 
 
+Change = Literal["created", "published", "updated", "unchanged"]
+
+
 class ApplyResult(BaseModel):
-    """What applying one agent did."""
+    """What applying one agent did: ``created`` (new agent, version 1), ``published``
+    (new revision), ``updated`` (name, description or draft changed; no new revision),
+    ``unchanged``."""
 
     slug: str
     version: int
-    change: Literal["created", "published", "unchanged"]
+    change: Change
 
 
 class ApplyFileError(BatonError):
@@ -58,13 +69,36 @@ def load_apply_file(path: Path) -> ApplyFile:
     Raises ApplyFileError, RemovedField or SpecValidationError (with the path).
     """
     try:
-        raw = yaml.safe_load(path.read_text())
+        with path.open() as f:
+            raw = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as exc:
         raise ApplyFileError(f"cannot read {path}: {exc}") from exc
+    if raw is not None and not isinstance(raw, dict):
+        msg = f"{path} must be a mapping with an 'agents:' list, not a {type(raw).__name__}"
+        raise ApplyFileError(msg)
     try:
         return ApplyFile.model_validate(raw or {})
     except ValidationError as exc:
         raise spec_error(validation_entries(exc.errors())) from exc
+
+
+def _in_file_extends_cycle(items: list[AgentCreate]) -> None:
+    """Report an ``extends`` cycle among the file's own agents before publishing anything."""
+    index = {item.slug: i for i, item in enumerate(items)}
+    for start in items:
+        seen, current = [start.slug], start
+        while current.spec.extends:
+            base = parse_ref(current.spec.extends)[0]
+            if base not in index:
+                break
+            if base in seen:
+                cycle = " -> ".join([*seen, base])
+                raise InheritanceCycle(
+                    f"extends chain forms a cycle: {cycle}",
+                    path=f"agents[{index[start.slug]}].spec.extends",
+                )
+            seen.append(base)
+            current = items[index[base]]
 
 
 def _publish_order(items: list[AgentCreate]) -> list[AgentCreate]:
@@ -79,44 +113,62 @@ def _publish_order(items: list[AgentCreate]) -> list[AgentCreate]:
     pending = [item.slug for item in items]
     while pending:
         ready = [s for s in pending if deps[s] <= set(done)]
-        nxt = ready[0] if ready else pending[0]  # a cycle: publish will report it
+        nxt = ready[0] if ready else pending[0]  # a subagent cycle: publish will report it
         done.append(nxt)
         pending.remove(nxt)
     return [by_slug[s] for s in done]
+
+
+def _locate(exc: BatonError, index: int, slug: str) -> BatonError:
+    """Prefix a registry error with where the agent stands in the file."""
+    where = f"agents[{index}]"
+    exc.path = f"{where}.spec.{exc.path}" if exc.path else where
+    exc.detail = f"{slug}: {exc.detail}"
+    return exc
 
 
 def apply_agents(session: Session, *, doc: ApplyFile) -> list[ApplyResult]:
     """Create/update drafts and publish every agent in ``doc``; results in publish order.
 
     Flushes only: the caller commits, so a failure anywhere writes nothing.
-    Raises ApplyFileError for duplicate slugs, or any registry error.
+    Raises ApplyFileError for duplicate slugs, InheritanceCycle for an extends
+    cycle within the file, or any registry error located at ``agents[i]``.
     """
     seen: set[str] = set()
-    for item in doc.agents:
+    for i, item in enumerate(doc.agents):
         if item.slug in seen:
-            raise ApplyFileError(f"agent '{item.slug}' appears twice", path="agents")
+            raise ApplyFileError(f"agent '{item.slug}' appears twice", path=f"agents[{i}].slug")
         seen.add(item.slug)
-    created: set[str] = set()
-    for item in doc.agents:
+    _in_file_extends_cycle(doc.agents)
+    index = {item.slug: i for i, item in enumerate(doc.agents)}
+    changes: dict[str, Change] = {}
+    for i, item in enumerate(doc.agents):
         try:
-            registry.get_agent(session, slug=item.slug)
-        except AgentNotFound:
-            registry.create_agent(
-                session,
-                slug=item.slug,
-                name=item.name,
-                description=item.description,
-                spec=item.spec,
-            )
-            created.add(item.slug)
-            continue
-        registry.update_agent(session, slug=item.slug, name=item.name, description=item.description)
-        registry.save_draft(session, slug=item.slug, spec=item.spec)
+            changes[item.slug] = _upsert(session, item)
+        except BatonError as exc:
+            raise _locate(exc, i, item.slug) from exc
     results = []
     for item in _publish_order(doc.agents):
-        rev, changed = registry.publish(session, slug=item.slug)
-        change: Literal["created", "published", "unchanged"] = (
-            "created" if item.slug in created else "published" if changed else "unchanged"
-        )
+        try:
+            rev, published = registry.publish(session, slug=item.slug)
+        except BatonError as exc:
+            raise _locate(exc, index[item.slug], item.slug) from exc
+        change = changes[item.slug]
+        if published and change != "created":
+            change = "published"
         results.append(ApplyResult(slug=item.slug, version=rev.version, change=change))
     return results
+
+
+def _upsert(session: Session, item: AgentCreate) -> Change:
+    try:
+        agent = registry.get_agent(session, slug=item.slug)
+    except AgentNotFound:
+        registry.create_agent(
+            session, slug=item.slug, name=item.name, description=item.description, spec=item.spec
+        )
+        return "created"
+    before = (agent.name, agent.description, registry.to_public(session, agent).draft)
+    registry.update_agent(session, slug=item.slug, name=item.name, description=item.description)
+    registry.save_draft(session, slug=item.slug, spec=item.spec)
+    return "unchanged" if before == (item.name, item.description, item.spec) else "updated"

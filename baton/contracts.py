@@ -103,3 +103,160 @@ class ResolvedAgent(BaseModel):
     def pin(self) -> str:
         """``slug@version``."""
         return f"{self.slug}@{self.version}"
+
+
+SessionStatus = Literal["running", "idle", "awaiting_input", "cancelled"]
+
+
+class Provenance(BaseModel):
+    """Who started a session and from where. Set by the engine only, never by API clients."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"created_by_user": "local"}]})
+
+    created_by_user: str = "local"
+    invoked_by_agent: str | None = None
+    parent_session_id: str | None = None
+    team: str | None = None
+    depth: int = 0
+
+
+class SessionConfig(BaseModel):
+    """Engine settings a session runs with (workflows cannot read settings or env)."""
+
+    default_model: str | None = Field(
+        default=None, description="BATON_MODEL at launch; the agent's own model wins."
+    )
+    max_steps_per_message: int = Field(
+        default=12, description="Model calls one user message may cause (tool loops end here)."
+    )
+    model_turn_timeout_s: float = 600.0
+    heartbeat_timeout_s: float = 30.0
+    review_timeout_s: float = 300.0
+    max_delegation_depth: int = 3
+
+
+class UserMessage(BaseModel):
+    """Update ``send_message`` argument."""
+
+    prompt: str
+
+
+class SessionInput(BaseModel):
+    """SessionWorkflow input. ``agent`` and ``turn`` are carried across continue-as-new."""
+
+    session_id: str
+    agent_pin: str = Field(description="slug@version resolved at launch.")
+    provenance: Provenance = Field(default_factory=Provenance)
+    config: SessionConfig = Field(default_factory=SessionConfig)
+    first_message: UserMessage | None = Field(
+        default=None, description="Handled at start (used where Updates are unavailable)."
+    )
+    agent: ResolvedAgent | None = None
+    turn: int = 0
+
+
+class ToolCall(BaseModel):
+    """A tool call the model made."""
+
+    id: str
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(BaseModel):
+    """Metered usage of one or more model calls."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    wall_ms: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        cost = (
+            None
+            if self.cost_usd is None and other.cost_usd is None
+            else (self.cost_usd or 0.0) + (other.cost_usd or 0.0)
+        )
+        return Usage(
+            requests=self.requests + other.requests,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cost_usd=cost,
+            wall_ms=self.wall_ms + other.wall_ms,
+        )
+
+
+class LoadAgentInput(BaseModel):
+    """``load_agent`` activity input."""
+
+    session_id: str
+    agent_pin: str
+
+
+class ModelTurnInput(BaseModel):
+    """``model_turn`` activity input: ids chosen by the workflow, no transcript (claim-check)."""
+
+    session_id: str
+    agent_slug: str
+    turn: int
+    step: int
+    assistant_message_id: str
+    position: str
+    user_message_id: str | None = None
+    user_text: str | None = None
+    user_position: str | None = None
+    default_model: str | None = None
+
+
+class ModelTurnResult(BaseModel):
+    """What the workflow needs from a model call: ids, a preview, tool calls, usage."""
+
+    message_id: str
+    preview: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ToolInput(BaseModel):
+    """``run_tool`` activity input."""
+
+    session_id: str
+    agent_slug: str
+    message_id: str
+    position: str
+    call: ToolCall
+    allowed_tools: list[str] = Field(default_factory=list)
+
+
+class ToolOutcome(BaseModel):
+    """A tool result as the workflow sees it (the full output is in the DB)."""
+
+    message_id: str
+    ok: bool
+    preview: str = ""
+
+
+class TurnFailure(BaseModel):
+    """``record_failure`` activity input: a turn that could not complete."""
+
+    session_id: str
+    agent_slug: str
+    message_id: str
+    position: str
+    error: str
+
+
+class StatusChange(BaseModel):
+    """``set_status`` activity input."""
+
+    session_id: str
+    status: SessionStatus
+
+
+class TurnOutcome(BaseModel):
+    """``send_message`` result: the final assistant message (full text is in the DB)."""
+
+    message_id: str
+    preview: str = ""
+    usage: Usage = Field(default_factory=Usage)

@@ -100,6 +100,66 @@ class AgentLivePointer(SQLModel, table=True):
     updated_at: datetime = _ts()
 
 
+class SessionRow(SQLModel, table=True):
+    """One conversation (DESIGN §4): its pinned agent, provenance and activity counters.
+
+    Provenance columns are written by the engine only, never from API input.
+    ``resolved_agent`` is the snapshot the ``load_agent`` activity recorded at launch.
+    """
+
+    __tablename__ = "sessions"
+
+    id: str = Field(primary_key=True, max_length=80)
+    name: str = Field(default="", max_length=200)
+    agent_slug: str = Field(index=True, max_length=63)
+    agent_version: int
+    resolved_agent: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    status: str = Field(default="running", max_length=20)
+    created_by_user: str = Field(default="local", max_length=200)
+    invoked_by_agent: str | None = Field(default=None, max_length=63)
+    parent_session_id: str | None = Field(default=None, max_length=80)
+    team: str | None = Field(default=None, max_length=63)
+    depth: int = 0
+    message_count: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    created_at: datetime = _ts(index=True)
+    last_activity_at: datetime = _ts()
+
+
+class MessageRow(SQLModel, table=True):
+    """A transcript message. ``id`` is chosen by the workflow, so a retried activity
+    writing the same message finds it instead of duplicating it."""
+
+    __tablename__ = "messages"
+
+    id: str = Field(primary_key=True, max_length=160)
+    session_id: str = Field(foreign_key="sessions.id", index=True, max_length=80)
+    position: str = Field(max_length=40, description="Sort key within the session.")
+    role: str = Field(max_length=20)  # user | assistant | tool | error
+    agent_slug: str = Field(default="", max_length=63)
+    text: str = ""
+    tool_name: str | None = Field(default=None, max_length=64)
+    tool_call_id: str | None = Field(default=None, max_length=120)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, sa_type=sa.JSON)
+    tool_args: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    is_error: bool = False
+    usage: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    created_at: datetime = _ts()
+
+
+class EventRow(SQLModel, table=True):
+    """The durable event log behind SSE; ``id`` is the SSE event id (``Last-Event-ID``)."""
+
+    __tablename__ = "events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(index=True, max_length=80)
+    type: str = Field(max_length=40)
+    data: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    created_at: datetime = _ts()
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; for a SQLite file, its folder is created.
 

@@ -94,6 +94,21 @@ class ConcurrentModification(Conflict):
     title = "Concurrent modification"
 
 
+class DatabaseUnavailable(BatonError):
+    """The database could not be reached or stayed locked (503)."""
+
+    code = "database_unavailable"
+    status = 503
+    title = "Database unavailable"
+
+
+class InvalidSettings(BatonError):
+    """A BATON_* setting is malformed (CLI only; the API refuses to start)."""
+
+    code = "invalid_settings"
+    title = "Invalid settings"
+
+
 class InvalidReference(BatonError):
     code = "invalid_reference"
     title = "Invalid agent reference"
@@ -162,6 +177,8 @@ def validation_entries(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, st
         ctx = err.get("ctx") or {}
         if err.get("type") == "removed_field" and "field" in ctx:
             loc.append(ctx["field"])
+        if err.get("type") == "json_invalid":
+            loc = ["body"]  # the location FastAPI gives is a character offset, not a field
         entries.append(
             {"path": format_loc(loc), "type": str(err.get("type")), "message": str(err["msg"])}
         )
@@ -179,3 +196,49 @@ def spec_error(entries: list[dict[str, str]]) -> BatonError:
     detail = f"{first['path']}: {first['message']}" if first["path"] else first["message"]
     cls: type[BatonError] = RemovedField if removed else SpecValidationError
     return cls(detail, path=first["path"], errors=entries)
+
+
+class SessionNotFound(NotFound):
+    code = "session_not_found"
+
+
+class SessionBusy(Conflict):
+    code = "session_busy"
+    title = "Session is running a turn"
+
+
+class SessionClosed(Conflict):
+    code = "session_closed"
+    title = "Session is closed"
+
+
+class EngineUnavailable(BatonError):
+    """Temporal could not be reached or refused the request (503)."""
+
+    code = "engine_unavailable"
+    status = 503
+    title = "Engine unavailable"
+
+
+class TurnFailed(BatonError):
+    """A turn ended in an error the model could not recover from (502)."""
+
+    code = "turn_failed"
+    status = 502
+    title = "Turn failed"
+
+
+def from_database_error(exc: Exception) -> BatonError | None:
+    """The domain error for a SQLAlchemy error, or None when it is not one we map.
+
+    A unique-constraint violation is a concurrent write (409
+    ``concurrent_modification``); an operational error (unreachable, locked)
+    is 503 ``database_unavailable``. The message never includes the URL.
+    """
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    if isinstance(exc, IntegrityError):
+        return ConcurrentModification("the write conflicted with a concurrent change; retry")
+    if isinstance(exc, OperationalError):
+        return DatabaseUnavailable(f"database error: {type(exc.orig).__name__}")
+    return None

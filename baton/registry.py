@@ -308,18 +308,24 @@ def rollback(session: Session, *, slug: str, version: int) -> Agent:
     return agent
 
 
-def dependents(session: Session, *, slug: str) -> list[str]:
-    """Pins of other agents' live revisions that reference ``slug`` (extends or subagents)."""
-    rows = session.exec(
-        select(Agent, AgentRevision)
-        .join(AgentLivePointer, col(AgentLivePointer.agent_id) == col(Agent.id))
-        .join(
-            AgentRevision,
-            (col(AgentRevision.agent_id) == col(Agent.id))
-            & (col(AgentRevision.version) == col(AgentLivePointer.version)),
+def dependents(session: Session, *, slug: str, live_only: bool = True) -> list[str]:
+    """Pins of other agents' revisions that reference ``slug`` (extends or subagents).
+
+    ``live_only`` limits the search to live revisions (what retire would break);
+    otherwise every revision counts (what a delete, which frees the slug for an
+    unrelated agent, would silently repoint).
+    """
+    stmt = select(Agent, AgentRevision).join(
+        AgentRevision, col(AgentRevision.agent_id) == col(Agent.id)
+    )
+    if live_only:
+        stmt = stmt.join(
+            AgentLivePointer,
+            (col(AgentLivePointer.agent_id) == col(Agent.id))
+            & (col(AgentLivePointer.version) == col(AgentRevision.version)),
         )
-        .where(Agent.slug != slug)
-        .order_by(col(Agent.slug))
+    rows = session.exec(
+        stmt.where(Agent.slug != slug).order_by(col(Agent.slug), col(AgentRevision.version))
     ).all()
     return [
         f"{agent.slug}@{rev.version}"
@@ -328,10 +334,11 @@ def dependents(session: Session, *, slug: str) -> list[str]:
     ]
 
 
-def _refuse_if_used(session: Session, slug: str, action: str) -> None:
-    users = dependents(session, slug=slug)
+def _refuse_if_used(session: Session, slug: str, action: str, *, live_only: bool) -> None:
+    users = dependents(session, slug=slug, live_only=live_only)
     if users:
-        msg = f"cannot {action} '{slug}': live revisions reference it: {', '.join(users)}"
+        which = "live revisions" if live_only else "revisions"
+        msg = f"cannot {action} '{slug}': {which} reference it: {', '.join(users)}"
         raise AgentInUse(msg, dependents=users)
 
 
@@ -341,7 +348,7 @@ def retire(session: Session, *, slug: str) -> Agent:
     Raises AgentNotFound, AgentInUse (another live revision references it).
     """
     agent = get_agent(session, slug=slug, for_update=True)
-    _refuse_if_used(session, slug, "retire")
+    _refuse_if_used(session, slug, "retire", live_only=True)
     pointer = session.get(AgentLivePointer, _id(agent))
     if pointer is not None:
         session.delete(pointer)
@@ -353,9 +360,14 @@ def retire(session: Session, *, slug: str) -> Agent:
 
 
 def delete_agent(session: Session, *, slug: str) -> None:
-    """Delete the identity, draft, revisions and pointer. Raises AgentNotFound, AgentInUse."""
+    """Delete the identity, draft, revisions and pointer.
+
+    Refused (AgentInUse) while any revision of another agent references the slug:
+    a later agent reusing the slug would otherwise change what that pin means.
+    Raises AgentNotFound, AgentInUse.
+    """
     agent = get_agent(session, slug=slug, for_update=True)
-    _refuse_if_used(session, slug, "delete")
+    _refuse_if_used(session, slug, "delete", live_only=False)
     agent_id = _id(agent)
     for model in (AgentLivePointer, AgentDraft, AgentRevision):
         for row in session.exec(select(model).where(model.agent_id == agent_id)).all():

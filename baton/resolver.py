@@ -113,7 +113,8 @@ def _min(a: int | None, b: int | None) -> int | None:
 
 
 def _join(*prompts: str | None) -> str:
-    return "\n\n".join(p for p in prompts if p)
+    # YAML block scalars end in a newline: strip so parts are one blank line apart.
+    return "\n\n".join(p.strip() for p in prompts if p and p.strip())
 
 
 def _fold(base: _Intrinsic, rev: LoadedRevision, path_prefix: str) -> _Intrinsic:
@@ -123,7 +124,7 @@ def _fold(base: _Intrinsic, rev: LoadedRevision, path_prefix: str) -> _Intrinsic
         sharing = spec.workspace_sharing or sharing
     return _Intrinsic(
         prompt=(
-            spec.system_prompt or ""
+            _join(spec.system_prompt)
             if spec.prompt_mode == "replace"
             else _join(base.prompt, spec.system_prompt)
         ),

@@ -87,8 +87,10 @@ class PlaybookRule(_Strict):
     """One rule of the scripted model's playbook: when ``when`` matches, answer.
 
     ``when`` is a regular expression searched (case-insensitive) in the last
-    message; omitted = always matches. A rule answers with ``reply`` text and/or
-    ``tool_calls``; at least one of them is required.
+    message (a tool result reads ``<tool>: <output>``); omitted = always matches.
+    A rule answers with ``reply`` text and/or ``tool_calls``; at least one is
+    required. ``{last_message}`` in ``reply`` or in string ``args`` is replaced by
+    the last message's text.
     """
 
     model_config = ConfigDict(
@@ -109,6 +111,9 @@ class PlaybookRule(_Strict):
     when: str | None = Field(default=None, examples=["(?i)summari[sz]e"])
     reply: str | None = Field(default=None, examples=["Here is the summary."])
     tool_calls: list[PlaybookToolCall] = Field(default_factory=list)
+    chunk_delay_ms: int = Field(
+        default=0, ge=0, le=5000, description="Pause between streamed words (demos, tests)."
+    )
 
     @field_validator("when")
     @classmethod

@@ -149,3 +149,33 @@ def test_openapi_documents_every_schema_with_examples(api: httpx.Client) -> None
             for status, resp in op["responses"].items():
                 if status.startswith(("4", "5")):
                     assert "application/problem+json" in resp["content"], (method, path, status)
+
+
+def test_concurrent_publishes_never_fail_the_server(api: httpx.Client) -> None:
+    """Parallel draft+publish calls answer 200/201/409, never 500, and versions stay dense."""
+    import concurrent.futures
+
+    create(api, "solo", system_prompt="start")
+    api.post("/v1/agents/solo/publish")
+
+    def publish(i: int) -> list[int]:
+        with httpx.Client(base_url=api.base_url, timeout=30) as c:
+            put = c.put("/v1/agents/solo/draft", json={"system_prompt": f"variant {i}"})
+            return [put.status_code, c.post("/v1/agents/solo/publish").status_code]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        statuses = [s for pair in pool.map(publish, range(16)) for s in pair]
+    assert set(statuses) <= {200, 201, 409, 503}, statuses
+    versions = [r["version"] for r in api.get("/v1/agents/solo/revisions").json()["data"]]
+    assert versions == list(range(len(versions), 0, -1))
+
+
+def test_invalid_json_names_the_body(api: httpx.Client) -> None:
+    """A body that is not JSON is a 422 whose path is `body`."""
+    resp = api.post("/v1/agents", content=b"{", headers={"content-type": "application/json"})
+    assert assert_problem(resp, 422, "validation_error")["path"] == "body"
+
+
+def test_healthz(api: httpx.Client) -> None:
+    """/healthz answers ok."""
+    assert api.get("/healthz").json() == {"status": "ok"}

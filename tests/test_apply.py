@@ -107,3 +107,49 @@ def test_removed_and_unknown_fields_are_reported_with_their_path(
     out = baton(db_url, "apply", "-f", str(f))
     assert out.returncode == 1
     assert "invalid_spec" in out.stderr and "agents[0].spec.system_promt" in out.stderr
+
+
+def test_metadata_or_draft_change_is_reported_as_updated(db_url: str, tmp_path: Path) -> None:
+    """A name-only change is applied and reported as `updated`, not `unchanged`."""
+    baton(db_url, "apply", "-f", str(EXAMPLES))
+    edited = tmp_path / "agents.yaml"
+    edited.write_text(EXAMPLES.read_text().replace("name: Writer", "name: Writer Two"))
+    out = baton(db_url, "apply", "-f", str(edited))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("updated") == 1 and out.stdout.count("unchanged") == 3
+    assert counts(db_url) == (4, 4)
+
+
+def test_extends_cycle_within_the_file_is_reported_as_a_cycle(db_url: str, tmp_path: Path) -> None:
+    """Two agents extending each other in one file fail with inheritance_cycle at the first."""
+    f = tmp_path / "agents.yaml"
+    f.write_text(
+        "agents:\n"
+        "  - {slug: a1, name: A1, spec: {extends: a2}}\n"
+        "  - {slug: a2, name: A2, spec: {extends: a1}}\n"
+    )
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1
+    assert "inheritance_cycle" in out.stderr and "agents[0].spec.extends" in out.stderr
+
+
+def test_registry_errors_name_the_agent_in_the_file(db_url: str, tmp_path: Path) -> None:
+    """A publish error points at agents[i] and names the slug."""
+    f = tmp_path / "agents.yaml"
+    f.write_text(
+        "agents:\n"
+        "  - {slug: good, name: Good}\n"
+        "  - {slug: bad, name: Bad, spec: {subagents: [{alias: x, agent: ghost}]}}\n"
+    )
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1
+    assert "agents[1].spec.subagents[0].agent" in out.stderr and "bad:" in out.stderr
+
+
+def test_a_file_that_is_not_a_mapping_is_refused_clearly(db_url: str, tmp_path: Path) -> None:
+    """A YAML list at top level is invalid_apply_file with a plain message."""
+    f = tmp_path / "agents.yaml"
+    f.write_text("- slug: a\n")
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1
+    assert "invalid_apply_file" in out.stderr and "mapping" in out.stderr

@@ -280,3 +280,16 @@ def test_timestamps_are_tz_aware_utc(session: Session) -> None:
     agent = registry.get_agent(session, slug="a")
     rev = registry.get_revision(session, slug="a", version=1)
     assert agent.created_at.tzinfo == UTC and rev.published_at.tzinfo == UTC
+
+
+def test_delete_is_refused_while_an_old_revision_references_it(session: Session) -> None:
+    """A non-live revision that references the agent also blocks delete (the pin would repoint)."""
+    put(session, "q1", system_prompt="q1")
+    put(session, "q2", extends="q1")
+    put(session, "q2", system_prompt="standalone")
+    with pytest.raises(AgentInUse) as info:
+        registry.delete_agent(session, slug="q1")
+    assert info.value.extra["dependents"] == ["q2@1"]
+    session.rollback()
+    registry.retire(session, slug="q1")
+    session.commit()

@@ -102,7 +102,7 @@ def test_scalar_fields_most_derived_wins(cat: Catalog) -> None:
     cat.add("top", extends="base", delegation={"available_for_delegation": False})
     resolved = cat.resolve("top")
     assert resolved.model == "openai:gpt-4o-mini"
-    assert resolved.playbook == [{"when": None, "reply": "base", "tool_calls": []}]
+    assert resolved.playbook is not None and resolved.playbook[0]["reply"] == "base"
     assert resolved.delegation.available_for_delegation is False
     assert resolved.delegation.delegation_hint == "base hint"
 
@@ -190,3 +190,10 @@ def test_cycle_through_pins_is_detected(cat: Catalog) -> None:
     cat.add("b", extends="a@1")
     with pytest.raises(InheritanceCycle):
         cat.resolve("b")
+
+
+def test_prompts_are_one_blank_line_apart_whatever_their_trailing_newlines(cat: Catalog) -> None:
+    """YAML block prompts ending in newlines still join with exactly one blank line."""
+    cat.add("base", system_prompt="Base rules.\n")
+    cat.add("top", extends="base", system_prompt="\nTop rules.\n")
+    assert cat.resolve("top").system_prompt == "Base rules.\n\nTop rules."

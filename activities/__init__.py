@@ -1,0 +1,1 @@
+"""Temporal activities: every side effect of a session (DB, model calls, tools)."""

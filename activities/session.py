@@ -1,0 +1,363 @@
+"""Session activities: load the pinned agent, run a model turn, run a tool, record outcomes.
+
+Activity names are explicit and stable (renaming Python code never renames
+them; changing one breaks workflows in flight). Blocking DB work runs in sync
+activities on the worker's thread pool, or via ``asyncio.to_thread`` inside the
+async ``model_turn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic_ai.direct import model_request_stream
+from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError, UserError
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    ModelResponsePart,
+    PartDeltaEvent,
+    PartStartEvent,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    TextPartDelta,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.tools import ToolDefinition
+from sqlalchemy.engine import Engine
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from baton import registry, sessions
+from baton.contracts import (
+    LoadAgentInput,
+    ModelTurnInput,
+    ModelTurnResult,
+    ResolvedAgent,
+    StatusChange,
+    ToolCall,
+    ToolInput,
+    ToolOutcome,
+    TurnFailure,
+    Usage,
+)
+from baton.db import MessageRow, session_scope
+from baton.errors import BatonError
+from baton.models import build_model, model_name
+from baton.tools import ToolError, offered_tools, run_tool
+
+PREVIEW_CHARS = 200
+CHUNK_FLUSH_S = 0.1
+#: HTTP statuses worth retrying; any other 4xx is the request's fault and is final.
+RETRYABLE_HTTP = frozenset({408, 409, 425, 429})
+
+
+def to_model_messages(system_prompt: str, history: list[MessageRow]) -> list[ModelMessage]:
+    """Rebuild the pydantic-ai conversation from stored messages.
+
+    The system prompt is the first part of the first request. Tool calls left
+    without a result (an interrupted turn) get a placeholder result so that
+    providers accept the history. Error rows are not sent to the model.
+    """
+    out: list[ModelMessage] = []
+    pending: list[ModelRequestPart] = [SystemPromptPart(system_prompt)] if system_prompt else []
+    open_calls: dict[str, str] = {}
+
+    def close_open_calls() -> None:
+        for call_id, name in open_calls.items():
+            pending.append(
+                ToolReturnPart(name, "(no result: the turn was interrupted)", tool_call_id=call_id)
+            )
+        open_calls.clear()
+
+    for m in history:
+        if m.role == "user":
+            close_open_calls()
+            pending.append(UserPromptPart(m.text))
+        elif m.role == "tool" and m.tool_call_id in open_calls:
+            open_calls.pop(m.tool_call_id)
+            name = m.tool_name or "tool"
+            pending.append(
+                RetryPromptPart(m.text, tool_name=name, tool_call_id=m.tool_call_id)
+                if m.is_error
+                else ToolReturnPart(name, m.text, tool_call_id=m.tool_call_id)
+            )
+        elif m.role == "assistant":
+            close_open_calls()
+            if pending:
+                out.append(ModelRequest(parts=pending))
+                pending = []
+            parts: list[ModelResponsePart] = [TextPart(m.text)] if m.text else []
+            for call in m.tool_calls or []:
+                parts.append(ToolCallPart(call["name"], call["args"], tool_call_id=call["id"]))
+                open_calls[call["id"]] = call["name"]
+            out.append(ModelResponse(parts=parts))
+    close_open_calls()
+    if pending:
+        out.append(ModelRequest(parts=pending))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def heartbeating() -> AsyncIterator[None]:
+    """Heartbeat at half the heartbeat timeout while the body runs (even with no output)."""
+    timeout = activity.info().heartbeat_timeout
+    interval = timeout.total_seconds() / 2 if timeout else 10.0
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _result_from(row: MessageRow) -> ModelTurnResult:
+    return ModelTurnResult(
+        message_id=row.id,
+        preview=row.text[:PREVIEW_CHARS],
+        tool_calls=[ToolCall.model_validate(c) for c in row.tool_calls or []],
+        usage=Usage.model_validate(row.usage or {}),
+    )
+
+
+def _tool_call(part: ToolCallPart) -> ToolCall:
+    try:
+        args = part.args_as_dict()
+    except ValueError:
+        # Malformed JSON from the model: the tool's schema check reports it back to the model.
+        args = {"_unparsed_arguments": str(part.args)}
+    return ToolCall(id=part.tool_call_id, name=part.tool_name, args=args)
+
+
+def _classify(exc: Exception) -> Exception:
+    """Map a provider error to what Temporal should do with it (DESIGN §4, retries)."""
+    if isinstance(exc, ModelHTTPError):
+        if exc.status_code >= 500 or exc.status_code in RETRYABLE_HTTP:
+            return exc
+        return ApplicationError(
+            f"the model provider refused the request (HTTP {exc.status_code}): {exc.message}",
+            type="ModelRequestRefused",
+            non_retryable=True,
+        )
+    if isinstance(exc, UserError):
+        return ApplicationError(
+            f"model configuration error: {exc}", type="ModelConfigError", non_retryable=True
+        )
+    return exc
+
+
+class SessionActivities:
+    """Activities of SessionWorkflow, built with the DB engine by the worker factory."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @activity.defn(name="load_agent")
+    def load_agent(self, inp: LoadAgentInput) -> ResolvedAgent:
+        """Resolve the pin once at launch and snapshot it on the session row.
+
+        Raises a non-retryable ApplicationError (``agent_unavailable``) when the
+        pin no longer resolves (retired or deleted since the launch).
+        """
+        try:
+            with session_scope(self._engine) as s:
+                resolved = registry.resolve_agent(s, ref=inp.agent_pin)
+                row = sessions.get_session(s, session_id=inp.session_id)
+                row.resolved_agent = resolved.model_dump(mode="json")
+                s.add(row)
+        except BatonError as exc:
+            raise ApplicationError(
+                f"{inp.agent_pin} cannot run: {exc.detail}",
+                type="agent_unavailable",
+                non_retryable=True,
+            ) from exc
+        return resolved
+
+    def _prepare(self, inp: ModelTurnInput) -> tuple[ModelTurnResult | None, Any, Any]:
+        with session_scope(self._engine) as s:
+            done = sessions.get_message(s, message_id=inp.assistant_message_id)
+            if done is not None:
+                return _result_from(done), None, None
+            if inp.user_message_id and inp.user_text is not None:
+                sessions.add_message(
+                    s,
+                    message_id=inp.user_message_id,
+                    session_id=inp.session_id,
+                    position=inp.user_position or inp.position,
+                    role="user",
+                    agent_slug=inp.agent_slug,
+                    text=inp.user_text,
+                )
+            sessions.set_status(s, session_id=inp.session_id, status="running")
+            row = sessions.get_session(s, session_id=inp.session_id)
+            agent = ResolvedAgent.model_validate(row.resolved_agent)
+            return None, agent, sessions.messages(s, session_id=inp.session_id)
+
+    def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
+        with session_scope(self._engine) as s:
+            sessions.append_event(
+                s,
+                session_id=inp.session_id,
+                type="chunk",
+                data={"message_id": inp.assistant_message_id, "text": text, "attempt": attempt},
+            )
+
+    def _persist(self, inp: ModelTurnInput, text: str, calls: list[ToolCall], usage: Usage) -> None:
+        with session_scope(self._engine) as s:
+            sessions.add_message(
+                s,
+                message_id=inp.assistant_message_id,
+                session_id=inp.session_id,
+                position=inp.position,
+                role="assistant",
+                agent_slug=inp.agent_slug,
+                text=text,
+                tool_calls=[c.model_dump() for c in calls] or None,
+                usage=usage,
+            )
+            if not calls:
+                sessions.set_status(s, session_id=inp.session_id, status="idle")
+
+    @activity.defn(name="model_turn")
+    async def model_turn(self, inp: ModelTurnInput) -> ModelTurnResult:
+        """One model call: load the transcript, stream the reply, persist it once.
+
+        Idempotent on ``assistant_message_id``: a retry after the message was
+        stored returns it without calling the model again. Provider retries are
+        off (``max_retries=0``); 5xx/429/connection errors are retried by
+        Temporal, other 4xx and configuration errors are non-retryable.
+        """
+        attempt = activity.info().attempt
+        async with heartbeating():
+            done, agent, history = await asyncio.to_thread(self._prepare, inp)
+            if done is not None:
+                return done
+            assert isinstance(agent, ResolvedAgent)
+            tools = offered_tools(agent.tools)
+            params = ModelRequestParameters(
+                function_tools=[
+                    ToolDefinition(
+                        name=t.name, description=t.description, parameters_json_schema=t.parameters
+                    )
+                    for t in tools
+                ]
+            )
+            started = time.monotonic()
+            buffer, flushed_at = "", started
+            try:
+                model = build_model(
+                    model_name(agent.model, inp.default_model),
+                    playbook=agent.playbook,
+                    agent_slug=agent.slug,
+                )
+                async with model_request_stream(
+                    model,
+                    to_model_messages(agent.system_prompt, history),
+                    model_settings={"max_retries": 0},
+                    model_request_parameters=params,
+                ) as stream:
+                    async for event in stream:
+                        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                            buffer += event.part.content
+                        elif isinstance(event, PartDeltaEvent) and isinstance(
+                            event.delta, TextPartDelta
+                        ):
+                            buffer += event.delta.content_delta
+                        now = time.monotonic()
+                        if buffer and now - flushed_at >= CHUNK_FLUSH_S:
+                            await asyncio.to_thread(self._chunk, inp, buffer, attempt)
+                            buffer, flushed_at = "", now
+                    response = stream.get()
+            except (ModelAPIError, UserError) as exc:
+                raise _classify(exc) from exc
+            if buffer:
+                await asyncio.to_thread(self._chunk, inp, buffer, attempt)
+            text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
+            calls = [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
+            cost: float | None = None
+            with contextlib.suppress(Exception):  # unknown model/provider: no price known
+                cost = float(response.cost().total_price)
+            usage = Usage(
+                requests=1,
+                input_tokens=response.usage.input_tokens,
+                output_tokens=response.usage.output_tokens,
+                cost_usd=cost,
+                wall_ms=int((time.monotonic() - started) * 1000),
+            )
+            await asyncio.to_thread(self._persist, inp, text, calls, usage)
+            return ModelTurnResult(
+                message_id=inp.assistant_message_id,
+                preview=text[:PREVIEW_CHARS],
+                tool_calls=calls,
+                usage=usage,
+            )
+
+    @activity.defn(name="run_tool")
+    def run_tool(self, inp: ToolInput) -> ToolOutcome:
+        """Run an ordinary tool once; bad arguments or failures become a tool error message."""
+        with session_scope(self._engine) as s:
+            done = sessions.get_message(s, message_id=inp.message_id)
+            if done is not None:
+                return ToolOutcome(
+                    message_id=done.id, ok=not done.is_error, preview=done.text[:200]
+                )
+        try:
+            output, ok = run_tool(inp.call.name, inp.call.args, inp.allowed_tools), True
+        except ToolError as exc:
+            output, ok = str(exc), False
+        except Exception as exc:  # a broken tool must reach the model, not fail the turn
+            output, ok = f"tool '{inp.call.name}' failed: {type(exc).__name__}: {exc}", False
+        with session_scope(self._engine) as s:
+            sessions.add_message(
+                s,
+                message_id=inp.message_id,
+                session_id=inp.session_id,
+                position=inp.position,
+                role="tool",
+                agent_slug=inp.agent_slug,
+                text=output,
+                tool_name=inp.call.name,
+                tool_call_id=inp.call.id,
+                tool_args=inp.call.args,
+                is_error=not ok,
+            )
+        return ToolOutcome(message_id=inp.message_id, ok=ok, preview=output[:PREVIEW_CHARS])
+
+    @activity.defn(name="record_failure")
+    def record_failure(self, inp: TurnFailure) -> None:
+        """Store a turn's failure as an ``error`` message and set the session idle."""
+        with session_scope(self._engine) as s:
+            sessions.add_message(
+                s,
+                message_id=inp.message_id,
+                session_id=inp.session_id,
+                position=inp.position,
+                role="error",
+                agent_slug=inp.agent_slug,
+                text=inp.error,
+                is_error=True,
+            )
+            sessions.set_status(s, session_id=inp.session_id, status="idle")
+
+    @activity.defn(name="set_status")
+    def set_status(self, inp: StatusChange) -> None:
+        """Record a session status change (and its event)."""
+        with session_scope(self._engine) as s:
+            sessions.set_status(s, session_id=inp.session_id, status=inp.status)

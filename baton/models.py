@@ -1,0 +1,110 @@
+"""Model providers through pydantic-ai's model layer, and the offline scripted model.
+
+A model is named as pydantic-ai names it (``openai:gpt-4o-mini``,
+``openai-chat:llama3``, ``anthropic:claude-…``); the agent's ``model`` wins over
+``BATON_MODEL``; with neither, the deterministic ``scripted`` model answers from
+the agent's ``playbook`` (DESIGN §9). ``openai:``/``openai-chat:`` honour
+``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` as the OpenAI SDK does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import Model, infer_model
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+
+from baton.spec import PlaybookRule
+
+SCRIPTED = "scripted"
+
+
+def model_name(agent_model: str | None, default: str | None) -> str:
+    """The model a turn uses: the agent's, else the deployment default, else ``scripted``."""
+    return agent_model or default or SCRIPTED
+
+
+def last_message_text(messages: list[ModelMessage]) -> str:
+    """Text of the newest request: a user prompt, or ``<tool>: <output>`` for tool results."""
+    for message in reversed(messages):
+        if not isinstance(message, ModelRequest):
+            continue
+        texts: list[str] = []
+        for part in message.parts:
+            if isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                texts.append(part.content)
+            elif isinstance(part, ToolReturnPart):
+                texts.append(f"{part.tool_name}: {part.model_response_str()}")
+            elif isinstance(part, RetryPromptPart):
+                texts.append(f"{part.tool_name or 'error'}: {part.model_response()}")
+        if texts:
+            return "\n".join(texts)
+    return ""
+
+
+def _fill(value: Any, last: str) -> Any:
+    if isinstance(value, str):
+        return value.replace("{last_message}", last)
+    if isinstance(value, dict):
+        return {k: _fill(v, last) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, last) for v in value]
+    return value
+
+
+def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) -> FunctionModel:
+    """The offline model: the first playbook rule whose ``when`` matches answers.
+
+    Deterministic: the same transcript always gives the same reply, streamed
+    word by word (``chunk_delay_ms`` apart), then the rule's tool calls. With no
+    matching rule it answers ``[<slug>] received: <last message>``.
+    """
+    rules = [PlaybookRule.model_validate(r) for r in playbook or []]
+
+    async def stream(messages: list[ModelMessage], _info: AgentInfo) -> AsyncIterator[Any]:
+        last = last_message_text(messages)
+        rule = next(
+            (r for r in rules if r.when is None or re.search(r.when, last, re.IGNORECASE)), None
+        )
+        reply = _fill(rule.reply, last) if rule else f"[{agent_slug}] received: {last[:500]}"
+        delay = (rule.chunk_delay_ms if rule else 0) / 1000
+        for word in re.findall(r"\S+\s*", reply or ""):
+            if delay:
+                await asyncio.sleep(delay)
+            yield word
+        if rule and rule.tool_calls:
+            step = sum(isinstance(m, ModelResponse) for m in messages)
+            calls: DeltaToolCalls = {
+                i: DeltaToolCall(
+                    name=call.tool,
+                    json_args=json.dumps(_fill(call.args, last)),
+                    tool_call_id=f"call_{step}_{i}",
+                )
+                for i, call in enumerate(rule.tool_calls)
+            }
+            yield calls
+
+    return FunctionModel(stream_function=stream, model_name=f"{SCRIPTED}:{agent_slug}")
+
+
+def build_model(name: str, *, playbook: list[dict[str, Any]] | None, agent_slug: str) -> Model:
+    """A pydantic-ai model for ``name``; ``scripted`` builds :func:`scripted_model`.
+
+    Raises ``pydantic_ai.exceptions.UserError`` for an unknown provider or a
+    missing key (callers treat it as non-retryable).
+    """
+    if name == SCRIPTED:
+        return scripted_model(playbook, agent_slug=agent_slug)
+    return infer_model(name)

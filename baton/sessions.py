@@ -1,0 +1,330 @@
+"""Session, transcript and event-log storage, shared by the API and the activities.
+
+Transcripts live here, not in workflow history (claim-check, DESIGN §4).
+Message ids are chosen by the workflow: :func:`add_message` is idempotent on the
+id, so a retried activity never duplicates a message. Every message is written
+in the same transaction as its ``message`` event.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from baton.contracts import Provenance, SessionStatus, Usage
+from baton.db import EventRow, MessageRow, SessionRow, utcnow
+from baton.errors import SessionNotFound
+
+SUMMARY_CHARS = 300
+Role = Literal["user", "assistant", "tool", "error"]
+
+
+def summarise(text: str, limit: int = SUMMARY_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis (tool I/O in transcripts)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def position(turn: int, step: int, kind: int, index: int = 0) -> str:
+    """Sort key of a message: turn, model step, kind (0 user, 1 assistant, 2 tool, 3 error)."""
+    return f"{turn:06d}.{step:03d}.{kind}{index:03d}"
+
+
+class SessionPublic(BaseModel):
+    """A session as the API shows it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "session_id": "session-6f1c…",
+                    "name": "What changed in the Q3 report?",
+                    "agent": "researcher",
+                    "version": 2,
+                    "status": "idle",
+                    "running": False,
+                    "created_at": "2026-11-29T12:00:00Z",
+                    "last_activity_at": "2026-11-29T12:00:09Z",
+                    "message_count": 4,
+                    "created_by_user": "local",
+                    "invoked_by_agent": None,
+                    "parent_session_id": None,
+                    "team": None,
+                    "depth": 0,
+                    "input_tokens": 812,
+                    "output_tokens": 133,
+                }
+            ]
+        }
+    )
+
+    session_id: str
+    name: str
+    agent: str
+    version: int
+    status: str
+    running: bool
+    created_at: datetime
+    last_activity_at: datetime
+    message_count: int
+    created_by_user: str
+    invoked_by_agent: str | None
+    parent_session_id: str | None
+    team: str | None
+    depth: int
+    input_tokens: int
+    output_tokens: int
+
+
+class TranscriptMessage(BaseModel):
+    """One transcript entry; tool input and output are summarised, thinking never stored."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "session-6f1c…:t1:s1:assistant",
+                    "role": "assistant",
+                    "agent": "researcher",
+                    "text": "Let me compute that.",
+                    "tool_name": None,
+                    "tool_input": None,
+                    "tool_calls": [{"id": "call_0_0", "name": "calculator"}],
+                    "at": "2026-11-29T12:00:03Z",
+                }
+            ]
+        }
+    )
+
+    id: str
+    role: str
+    agent: str
+    text: str
+    tool_name: str | None = None
+    tool_input: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    at: datetime
+
+
+class Transcript(BaseModel):
+    """``GET /v1/sessions/{id}/transcript``: status line, then the messages in order."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"session_id": "session-6f1c…", "status": "idle", "messages": []}]
+        }
+    )
+
+    session_id: str
+    status: str
+    messages: list[TranscriptMessage] = Field(default_factory=list)
+
+
+def to_public(row: SessionRow) -> SessionPublic:
+    """The API view of a session row."""
+    return SessionPublic(
+        session_id=row.id,
+        name=row.name,
+        agent=row.agent_slug,
+        version=row.agent_version,
+        status=row.status,
+        running=row.status in ("running", "awaiting_input"),
+        created_at=row.created_at,
+        last_activity_at=row.last_activity_at,
+        message_count=row.message_count,
+        created_by_user=row.created_by_user,
+        invoked_by_agent=row.invoked_by_agent,
+        parent_session_id=row.parent_session_id,
+        team=row.team,
+        depth=row.depth,
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+    )
+
+
+def create_session(
+    session: Session,
+    *,
+    session_id: str,
+    agent_slug: str,
+    agent_version: int,
+    provenance: Provenance,
+    name: str,
+) -> SessionRow:
+    """Insert the session row (status ``running``: its first turn is about to start)."""
+    row = SessionRow(
+        id=session_id,
+        name=name,
+        agent_slug=agent_slug,
+        agent_version=agent_version,
+        created_by_user=provenance.created_by_user,
+        invoked_by_agent=provenance.invoked_by_agent,
+        parent_session_id=provenance.parent_session_id,
+        team=provenance.team,
+        depth=provenance.depth,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_session(session: Session, *, session_id: str) -> SessionRow:
+    """The row for ``session_id``. Raises SessionNotFound."""
+    row = session.get(SessionRow, session_id)
+    if row is None:
+        raise SessionNotFound(f"no session '{session_id}'")
+    return row
+
+
+def list_sessions(
+    session: Session, *, agent: str | None = None, limit: int = 50, offset: int = 0
+) -> tuple[list[SessionRow], int]:
+    """Sessions newest first (optionally of one agent), and the total count."""
+    stmt = select(SessionRow)
+    count = select(func.count()).select_from(SessionRow)
+    if agent is not None:
+        stmt = stmt.where(SessionRow.agent_slug == agent)
+        count = count.where(SessionRow.agent_slug == agent)
+    rows = session.exec(
+        stmt.order_by(col(SessionRow.created_at).desc(), col(SessionRow.id))
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return list(rows), int(session.exec(count).one())
+
+
+def append_event(session: Session, *, session_id: str, type: str, data: dict[str, Any]) -> None:
+    """Add an event to the durable log (flush only)."""
+    session.add(EventRow(session_id=session_id, type=type, data=data))
+
+
+def set_status(session: Session, *, session_id: str, status: SessionStatus) -> None:
+    """Record a status change and its ``status`` event."""
+    row = get_session(session, session_id=session_id)
+    if row.status != status:
+        row.status = status
+        row.last_activity_at = utcnow()
+        session.add(row)
+        append_event(session, session_id=session_id, type="status", data={"status": status})
+    session.flush()
+
+
+def get_message(session: Session, *, message_id: str) -> MessageRow | None:
+    """The message with ``message_id``, if it was stored."""
+    return session.get(MessageRow, message_id)
+
+
+def add_message(
+    session: Session,
+    *,
+    message_id: str,
+    session_id: str,
+    position: str,
+    role: Role,
+    agent_slug: str,
+    text: str,
+    tool_name: str | None = None,
+    tool_call_id: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    tool_args: dict[str, Any] | None = None,
+    is_error: bool = False,
+    usage: Usage | None = None,
+) -> tuple[MessageRow, bool]:
+    """Store a message once: ``(row, created)``; an existing id returns the stored row.
+
+    Also bumps the session's counters and appends a ``message`` event.
+    """
+    existing = session.get(MessageRow, message_id)
+    if existing is not None:
+        return existing, False
+    row = MessageRow(
+        id=message_id,
+        session_id=session_id,
+        position=position,
+        role=role,
+        agent_slug=agent_slug,
+        text=text,
+        tool_name=tool_name,
+        tool_call_id=tool_call_id,
+        tool_calls=tool_calls,
+        tool_args=tool_args,
+        is_error=is_error,
+        usage=usage.model_dump() if usage else None,
+    )
+    session.add(row)
+    srow = get_session(session, session_id=session_id)
+    srow.message_count += 1
+    srow.last_activity_at = utcnow()
+    if usage is not None:
+        srow.input_tokens += usage.input_tokens
+        srow.output_tokens += usage.output_tokens
+    session.add(srow)
+    event: dict[str, Any] = {"message_id": message_id, "role": role, "text": summarise(text)}
+    if tool_name:
+        event["tool_name"] = tool_name
+    if tool_calls:
+        event["tool_calls"] = tool_calls
+    if is_error:
+        event["is_error"] = True
+    append_event(session, session_id=session_id, type="message", data=event)
+    session.flush()
+    return row, True
+
+
+def messages(session: Session, *, session_id: str) -> list[MessageRow]:
+    """The transcript in order."""
+    return list(
+        session.exec(
+            select(MessageRow)
+            .where(MessageRow.session_id == session_id)
+            .order_by(col(MessageRow.position))
+        ).all()
+    )
+
+
+def transcript(session: Session, *, session_id: str) -> Transcript:
+    """Status line and messages, tool I/O summarised (seed 000, get_agent_session_transcript)."""
+    row = get_session(session, session_id=session_id)
+    out = []
+    for m in messages(session, session_id=session_id):
+        tool_input = None
+        if m.tool_args is not None:
+            tool_input = summarise(json_compact(m.tool_args))
+        out.append(
+            TranscriptMessage(
+                id=m.id,
+                role=m.role,
+                agent=m.agent_slug,
+                text=summarise(m.text) if m.role == "tool" else m.text,
+                tool_name=m.tool_name,
+                tool_input=tool_input,
+                tool_calls=[{"id": c["id"], "name": c["name"]} for c in m.tool_calls]
+                if m.tool_calls
+                else None,
+                at=m.created_at,
+            )
+        )
+    return Transcript(session_id=row.id, status=row.status, messages=out)
+
+
+def json_compact(value: Any) -> str:
+    """Compact JSON for summaries."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def events_after(
+    session: Session, *, session_id: str, after: int = 0, limit: int = 500
+) -> list[EventRow]:
+    """Events of ``session_id`` with id > ``after``, oldest first."""
+    return list(
+        session.exec(
+            select(EventRow)
+            .where(EventRow.session_id == session_id, col(EventRow.id) > after)
+            .order_by(col(EventRow.id))
+            .limit(limit)
+        ).all()
+    )

@@ -1,0 +1,142 @@
+"""Ordinary tools: the non-orchestration tools an agent may declare in ``tools``.
+
+Each tool has a JSON Schema for its arguments; the ``run_tool`` activity
+validates a call against it (jsonschema) and a failure goes back to the model as
+a tool error it can recover from (DESIGN §4). Tools an agent declares that this
+deployment does not implement are not offered to the model.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import jsonschema
+
+
+class ToolError(Exception):
+    """A tool call that failed in a way the model should see and can correct."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool: name, description, JSON Schema of its arguments, and the function."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: Callable[[dict[str, Any]], str]
+
+    def validate(self, args: dict[str, Any]) -> None:
+        """Raise ToolError naming the first schema violation in ``args``."""
+        validator = jsonschema.Draft202012Validator(self.parameters)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+            raise ToolError(f"invalid arguments for {self.name} at {where}: {error.message}")
+
+
+_OPS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+
+
+def _eval(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ToolError("exponent too large (at most 64)")
+        return _OPS[type(node.op)](left, right)  # type: ignore[no-any-return]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.operand))  # type: ignore[no-any-return]
+    raise ToolError("only numbers, + - * / // % ** and parentheses are allowed")
+
+
+def _calculator(args: dict[str, Any]) -> str:
+    try:
+        tree = ast.parse(args["expression"], mode="eval")
+        return str(_eval(tree))
+    except (SyntaxError, ZeroDivisionError, OverflowError) as exc:
+        raise ToolError(f"cannot evaluate: {exc}") from exc
+
+
+def _current_time(args: dict[str, Any]) -> str:
+    try:
+        zone = ZoneInfo(args.get("timezone", "UTC"))
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ToolError(f"unknown timezone {args.get('timezone')!r}") from exc
+    return datetime.now(UTC).astimezone(zone).isoformat(timespec="seconds")
+
+
+def _word_count(args: dict[str, Any]) -> str:
+    return str(len(str(args["text"]).split()))
+
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool(
+            "calculator",
+            "Evaluate an arithmetic expression, e.g. '(2 + 3) * 4'.",
+            {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "maxLength": 500}},
+                "required": ["expression"],
+                "additionalProperties": False,
+            },
+            _calculator,
+        ),
+        Tool(
+            "current_time",
+            "The current date and time in an IANA timezone (default UTC).",
+            {
+                "type": "object",
+                "properties": {"timezone": {"type": "string", "maxLength": 64}},
+                "additionalProperties": False,
+            },
+            _current_time,
+        ),
+        Tool(
+            "word_count",
+            "Count the words in a text.",
+            {
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"],
+                "additionalProperties": False,
+            },
+            _word_count,
+        ),
+    )
+}
+
+
+def offered_tools(names: list[str]) -> list[Tool]:
+    """The implemented tools among ``names`` (an agent's usable tools), in order."""
+    return [TOOLS[n] for n in names if n in TOOLS]
+
+
+def run_tool(name: str, args: dict[str, Any], allowed: list[str]) -> str:
+    """Validate and run one call. Raises ToolError for a tool not offered, bad args or failure."""
+    if name not in allowed or name not in TOOLS:
+        raise ToolError(f"tool '{name}' is not available to this agent")
+    tool = TOOLS[name]
+    tool.validate(args)
+    return tool.run(args)

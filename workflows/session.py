@@ -1,0 +1,268 @@
+"""SessionWorkflow: one conversation with one pinned agent revision (DESIGN §4).
+
+Messages arrive by Update ``send_message`` (rejected with ``session_busy``
+while a turn runs). Each model call is the ``model_turn`` activity and each tool
+call an activity; the transcript stays in the DB and history carries only ids,
+previews and tool calls. The session continues-as-new when Temporal suggests it,
+once every handler has finished, carrying the agent snapshot and turn counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.session import SessionActivities
+    from baton.contracts import (
+        LoadAgentInput,
+        ModelTurnInput,
+        ModelTurnResult,
+        ResolvedAgent,
+        SessionInput,
+        SessionStatus,
+        StatusChange,
+        ToolCall,
+        ToolInput,
+        ToolOutcome,
+        TurnFailure,
+        TurnOutcome,
+        Usage,
+        UserMessage,
+    )
+    from baton.sessions import position
+    from workflows.options import MODEL_RETRY, STORE_RETRY, STORE_TIMEOUT, TOOL_TIMEOUT
+
+#: Keyword search attributes (DESIGN §4); registered by the stack.
+SA_AGENT = SearchAttributeKey.for_keyword("BatonAgent")
+SA_VERSION = SearchAttributeKey.for_keyword("BatonAgentVersion")
+SA_INVOKED_BY = SearchAttributeKey.for_keyword("BatonInvokedBy")
+SA_STATUS = SearchAttributeKey.for_keyword("BatonStatus")
+SA_USER = SearchAttributeKey.for_keyword("BatonUser")
+SA_PARENT = SearchAttributeKey.for_keyword("BatonParentSession")
+SA_TEAM = SearchAttributeKey.for_keyword("BatonTeam")
+SEARCH_ATTRIBUTES = (SA_AGENT, SA_VERSION, SA_INVOKED_BY, SA_STATUS, SA_USER, SA_PARENT, SA_TEAM)
+
+MAX_PROMPT_CHARS = 64_000
+BUSY = "session_busy"
+CLOSED = "session_closed"
+
+
+def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
+    """The search attributes a session starts with (set by whoever starts it)."""
+    slug, _, version = inp.agent_pin.partition("@")
+    pairs: list[SearchAttributePair[str]] = [
+        SearchAttributePair(SA_AGENT, slug),
+        SearchAttributePair(SA_VERSION, version),
+        SearchAttributePair(SA_USER, inp.provenance.created_by_user),
+        SearchAttributePair(SA_STATUS, "running"),
+    ]
+    for key, value in (
+        (SA_INVOKED_BY, inp.provenance.invoked_by_agent),
+        (SA_PARENT, inp.provenance.parent_session_id),
+        (SA_TEAM, inp.provenance.team),
+    ):
+        if value:
+            pairs.append(SearchAttributePair(key, value))
+    return TypedSearchAttributes(pairs)
+
+
+@workflow.defn(name="Session")
+class SessionWorkflow:
+    """A durable conversation. Input: :class:`SessionInput`; result: the final status."""
+
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        self._inp = inp
+        self._agent: ResolvedAgent | None = inp.agent
+        self._turn = inp.turn
+        self._busy = False
+        self._closed = False
+        self._status: SessionStatus = "idle"
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> str:
+        """Load the pinned agent once, answer messages, continue-as-new when suggested."""
+        try:
+            if self._agent is None:
+                self._agent = await workflow.execute_activity_method(
+                    SessionActivities.load_agent,
+                    LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin),
+                    start_to_close_timeout=STORE_TIMEOUT,
+                    retry_policy=STORE_RETRY,
+                    summary=f"load {inp.agent_pin}",
+                )
+            if inp.first_message is not None:
+                await self._answer(inp.first_message)
+            await workflow.wait_condition(
+                lambda: workflow.info().is_continue_as_new_suggested() and not self._busy
+            )
+        except asyncio.CancelledError:
+            self._closed = True
+            await workflow.execute_activity_method(
+                SessionActivities.set_status,
+                StatusChange(session_id=inp.session_id, status="cancelled"),
+                start_to_close_timeout=STORE_TIMEOUT,
+                retry_policy=STORE_RETRY,
+                summary="cancelled",
+            )
+            raise
+        except ActivityError as err:
+            # The pin no longer resolves (retired/deleted since launch): end the session.
+            self._closed = True
+            await self._fail(self._inp.session_id + ":load", "000000.000.3000", err)
+            return "failed"
+        # 👉 Let in-flight handlers finish so no Update is lost across continue-as-new.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            SessionInput(
+                session_id=inp.session_id,
+                agent_pin=inp.agent_pin,
+                provenance=inp.provenance,
+                config=inp.config,
+                agent=self._agent,
+                turn=self._turn,
+            )
+        )
+
+    @workflow.query(name="status")
+    def status(self) -> str:
+        """running | idle | awaiting_input (| cancelled once closed)."""
+        return "cancelled" if self._closed else self._status
+
+    @workflow.update(name="send_message")
+    async def send_message(self, msg: UserMessage) -> TurnOutcome:
+        """Run one user message to its final assistant message (tool loops included)."""
+        if self._busy:  # two Updates validated in one task: only the first runs
+            raise ApplicationError("a turn is already running", type=BUSY, non_retryable=True)
+        return await self._answer(msg)
+
+    @send_message.validator
+    def _validate_send(self, msg: UserMessage) -> None:
+        if self._closed:
+            raise ApplicationError("the session is closed", type=CLOSED)
+        if self._busy:
+            raise ApplicationError("a turn is already running; wait for it to finish", type=BUSY)
+        if not msg.prompt.strip() or len(msg.prompt) > MAX_PROMPT_CHARS:
+            raise ApplicationError(
+                f"prompt must be 1..{MAX_PROMPT_CHARS} characters", type="invalid_prompt"
+            )
+
+    def _set_status(self, status: SessionStatus) -> None:
+        if status != self._status:
+            self._status = status
+            workflow.upsert_search_attributes([SA_STATUS.value_set(status)])
+
+    async def _answer(self, msg: UserMessage) -> TurnOutcome:
+        self._busy = True
+        self._set_status("running")
+        try:
+            await workflow.wait_condition(lambda: self._agent is not None)
+            assert self._agent is not None
+            self._turn += 1
+            return await self._turn_loop(self._agent, self._turn, msg)
+        finally:
+            self._busy = False
+            self._set_status("idle")
+
+    async def _turn_loop(self, agent: ResolvedAgent, turn: int, msg: UserMessage) -> TurnOutcome:
+        sid = self._inp.session_id
+        cfg = self._inp.config
+        prefix = f"{sid}:t{turn}"
+        usage = Usage()
+        user: tuple[str, str, str] | None = (f"{prefix}:user", msg.prompt, position(turn, 0, 0))
+        for step in range(1, cfg.max_steps_per_message + 1):
+            try:
+                result = await self._model_turn(agent, turn, step, user)
+            except ActivityError as err:
+                await self._fail(f"{prefix}:s{step}:error", position(turn, step, 3), err)
+                raise ApplicationError(
+                    f"turn {turn} failed: {_cause(err)}", type="turn_failed", non_retryable=True
+                ) from err
+            user = None
+            usage = usage + result.usage
+            if not result.tool_calls:
+                return TurnOutcome(
+                    message_id=result.message_id, preview=result.preview, usage=usage
+                )
+            # Several tool calls in one model response run in parallel.
+            await asyncio.gather(
+                *(
+                    self._tool(agent, turn, step, i, call)
+                    for i, call in enumerate(result.tool_calls)
+                )
+            )
+        error = f"stopped after {cfg.max_steps_per_message} model calls for one message"
+        await self._fail_text(f"{prefix}:limit", position(turn, 999, 3), error)
+        raise ApplicationError(error, type="step_limit", non_retryable=True)
+
+    async def _model_turn(
+        self, agent: ResolvedAgent, turn: int, step: int, user: tuple[str, str, str] | None
+    ) -> ModelTurnResult:
+        cfg = self._inp.config
+        sid = self._inp.session_id
+        return await workflow.execute_activity_method(
+            SessionActivities.model_turn,
+            ModelTurnInput(
+                session_id=sid,
+                agent_slug=agent.slug,
+                turn=turn,
+                step=step,
+                assistant_message_id=f"{sid}:t{turn}:s{step}:assistant",
+                position=position(turn, step, 1),
+                user_message_id=user[0] if user else None,
+                user_text=user[1] if user else None,
+                user_position=user[2] if user else None,
+                default_model=cfg.default_model,
+            ),
+            start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
+            heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
+            retry_policy=MODEL_RETRY,
+            summary=f"turn {turn}" + (f".{step}" if step > 1 else "") + f" · {agent.pin}",
+        )
+
+    async def _tool(
+        self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
+    ) -> ToolOutcome:
+        sid = self._inp.session_id
+        return await workflow.execute_activity_method(
+            SessionActivities.run_tool,
+            ToolInput(
+                session_id=sid,
+                agent_slug=agent.slug,
+                message_id=f"{sid}:t{turn}:s{step}:tool{index}",
+                position=position(turn, step, 2, index),
+                call=call,
+                allowed_tools=agent.tools,
+            ),
+            start_to_close_timeout=TOOL_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"{call.name} · turn {turn}",
+        )
+
+    async def _fail(self, message_id: str, pos: str, err: ActivityError) -> None:
+        await self._fail_text(message_id, pos, _cause(err))
+
+    async def _fail_text(self, message_id: str, pos: str, error: str) -> None:
+        await workflow.execute_activity_method(
+            SessionActivities.record_failure,
+            TurnFailure(
+                session_id=self._inp.session_id,
+                agent_slug=self._agent.slug if self._agent else "",
+                message_id=message_id,
+                position=pos,
+                error=error,
+            ),
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary="record failure",
+        )
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    return str(cause.message) if isinstance(cause, ApplicationError) else str(cause or err)
