@@ -92,7 +92,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        codes = {404: "not_found", 405: "method_not_allowed"}
+        codes = {400: "malformed_body", 404: "not_found", 405: "method_not_allowed"}
         return problem_response(
             {
                 "type": "about:blank",

@@ -17,7 +17,7 @@ applying the same file twice changes nothing the second time.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -63,15 +63,31 @@ class ApplyFileError(BatonError):
     title = "Invalid apply file"
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader without anchors/aliases: a few bytes of nested aliases can expand to
+    gigabytes once validated (the "billion laughs"), so apply files spell values out."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "YAML aliases (*name) are not supported in apply files",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
 def load_apply_file(path: Path) -> ApplyFile:
     """Parse and validate ``path``.
 
     Raises ApplyFileError, RemovedField or SpecValidationError (with the path).
     """
     try:
-        with path.open() as f:
-            raw = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as exc:
+        with path.open(encoding="utf-8") as f:
+            raw = yaml.load(f, Loader=_NoAliasLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
         raise ApplyFileError(f"cannot read {path}: {exc}") from exc
     if raw is not None and not isinstance(raw, dict):
         msg = f"{path} must be a mapping with an 'agents:' list, not a {type(raw).__name__}"

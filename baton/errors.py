@@ -152,6 +152,10 @@ class SpecValidationError(InvalidSpec):
     code = "invalid_spec"
 
 
+#: A problem lists at most this many validation errors (``error_count`` has the total).
+MAX_REPORTED_ERRORS = 20
+
+
 def format_loc(loc: Sequence[int | str]) -> str:
     """``('spec', 'subagents', 0, 'alias')`` → ``spec.subagents[0].alias``."""
     out = ""
@@ -195,7 +199,8 @@ def spec_error(entries: list[dict[str, str]]) -> BatonError:
     first = removed[0] if removed else entries[0]
     detail = f"{first['path']}: {first['message']}" if first["path"] else first["message"]
     cls: type[BatonError] = RemovedField if removed else SpecValidationError
-    return cls(detail, path=first["path"], errors=entries)
+    shown = entries[:MAX_REPORTED_ERRORS]
+    return cls(detail, path=first["path"], errors=shown, error_count=len(entries))
 
 
 class SessionNotFound(NotFound):
@@ -236,8 +241,9 @@ def from_database_error(exc: Exception) -> BatonError | None:
     is 503 ``database_unavailable``. The message never includes the URL.
     """
     from sqlalchemy.exc import IntegrityError, OperationalError
+    from sqlalchemy.orm.exc import StaleDataError
 
-    if isinstance(exc, IntegrityError):
+    if isinstance(exc, IntegrityError | StaleDataError):
         return ConcurrentModification("the write conflicted with a concurrent change; retry")
     if isinstance(exc, OperationalError):
         return DatabaseUnavailable(f"database error: {type(exc.orig).__name__}")

@@ -26,7 +26,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, infer_model
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
-from baton.spec import PlaybookRule
+from baton.spec import PlaybookRule, pattern_matches
 
 SCRIPTED = "scripted"
 
@@ -75,9 +75,7 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
 
     async def stream(messages: list[ModelMessage], _info: AgentInfo) -> AsyncIterator[Any]:
         last = last_message_text(messages)
-        rule = next(
-            (r for r in rules if r.when is None or re.search(r.when, last, re.IGNORECASE)), None
-        )
+        rule = next((r for r in rules if r.when is None or pattern_matches(r.when, last)), None)
         reply = _fill(rule.reply, last) if rule else f"[{agent_slug}] received: {last[:500]}"
         delay = (rule.chunk_delay_ms if rule else 0) / 1000
         for word in re.findall(r"\S+\s*", reply or ""):

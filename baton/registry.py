@@ -8,7 +8,7 @@ transaction (DESIGN §3; seed 004, 'Identity, drafts, revisions, and rollback').
 
 from __future__ import annotations
 
-from sqlalchemy import func
+from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -22,15 +22,36 @@ from baton.errors import (
     AgentRetired,
     ConcurrentModification,
     InvalidReference,
+    InvalidSpec,
     RevisionNotFound,
 )
-from baton.resolver import LoadedRevision, Lookup, Resolver, candidate_lookup
+from baton.resolver import LoadedRevision, Lookup, Resolver
 from baton.schemas import AgentPublic, RevisionPublic
 from baton.spec import AgentSpec, check_tree_shape, parse_ref, spec_digest, with_paths
 
 
 def _dump(spec: AgentSpec) -> dict[str, object]:
     return spec.model_dump(mode="json", exclude_defaults=True)
+
+
+#: Key of the PostgreSQL advisory lock that serialises registry writes.
+REGISTRY_LOCK_KEY = 0x6261746F6E
+
+
+def lock_registry(session: Session) -> None:
+    """Serialise registry writes for the rest of the transaction.
+
+    Publish validates against other agents and retire/delete check who depends
+    on an agent, so two writers must never interleave (a publish racing a retire
+    could otherwise leave a live revision pointing at a retired agent). On
+    PostgreSQL: a transaction-scoped advisory lock. On SQLite: taking the write
+    lock first (a no-op UPDATE) before anything is read.
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": REGISTRY_LOCK_KEY})
+    elif dialect == "sqlite":
+        session.execute(text("UPDATE agents SET id = id WHERE 0"))
 
 
 def _flush(session: Session, what: str) -> None:
@@ -110,6 +131,7 @@ def create_agent(
     session: Session, *, slug: str, name: str, description: str = "", spec: AgentSpec | None = None
 ) -> Agent:
     """Create an identity and its draft. Raises AgentExists, or a tree-shape InvalidSpec."""
+    lock_registry(session)
     spec = spec or AgentSpec()
     check_tree_shape(with_paths(spec.subagents, "spec.subagents"))
     if session.exec(select(Agent.id).where(Agent.slug == slug)).first() is not None:
@@ -133,6 +155,7 @@ def update_agent(
     session: Session, *, slug: str, name: str | None = None, description: str | None = None
 ) -> Agent:
     """Edit identity metadata (not versioned). Raises AgentNotFound."""
+    lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     if (name is None or name == agent.name) and (
         description is None or description == agent.description
@@ -153,8 +176,9 @@ def save_draft(session: Session, *, slug: str, spec: AgentSpec) -> Agent:
 
     Raises AgentNotFound, TreeTooDeep, TreeTooLarge, DuplicateAlias.
     """
-    check_tree_shape(with_paths(spec.subagents))
+    lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
+    check_tree_shape(with_paths(spec.subagents))
     draft = _draft(session, agent)
     if draft.spec == _dump(spec):
         return agent
@@ -211,9 +235,76 @@ def resolve_agent(session: Session, *, ref: str) -> ResolvedAgent:
     return Resolver(db_lookup(session)).resolve(_loaded(agent, rev))
 
 
-def _validate_as_live(session: Session, candidate: LoadedRevision) -> None:
+def _as_live_lookup(session: Session, agent: Agent, candidate: LoadedRevision) -> Lookup:
+    """Resolve references as they will be once ``candidate`` is live.
+
+    The candidate's bare slug resolves to the candidate (so ``a extends a`` and
+    longer cycles through the live pointer are caught) and its own pinned
+    revisions resolve even while the agent is retired (it is coming back).
+    """
+    lookup = db_lookup(session)
+
+    def _lookup(ref: str) -> LoadedRevision:
+        slug, version = parse_ref(ref)
+        if slug != candidate.slug:
+            return lookup(ref)
+        if version is None or version == candidate.version:
+            return candidate
+        return _loaded(agent, _revision(session, agent, version))
+
+    return _lookup
+
+
+def _live_graph(session: Session) -> dict[str, tuple[Agent, AgentRevision, set[str]]]:
+    """Every live revision and the slugs it references, keyed by slug."""
+    rows = session.exec(
+        select(Agent, AgentRevision)
+        .join(AgentLivePointer, col(AgentLivePointer.agent_id) == col(Agent.id))
+        .join(
+            AgentRevision,
+            (col(AgentRevision.agent_id) == col(Agent.id))
+            & (col(AgentRevision.version) == col(AgentLivePointer.version)),
+        )
+    ).all()
+    return {
+        agent.slug: (
+            agent,
+            rev,
+            {parse_ref(r)[0] for r in AgentSpec.model_validate(rev.spec).references()},
+        )
+        for agent, rev in rows
+    }
+
+
+def _validate_as_live(session: Session, agent: Agent, candidate: LoadedRevision) -> None:
+    """Validate ``candidate`` and every live agent that depends on it, transitively.
+
+    A base that changes under live derived agents could otherwise push them past
+    a bound (duplicate alias, tree size, chain length) or into a cycle. Raises the
+    InvalidSpec of the first failure; for a dependent, naming it in ``dependent``.
+    """
     check_tree_shape(with_paths(candidate.spec.subagents))
-    Resolver(candidate_lookup(db_lookup(session), candidate)).resolve(candidate)
+    resolver = Resolver(_as_live_lookup(session, agent, candidate))
+    resolver.resolve(candidate)
+    graph = _live_graph(session)
+    affected: list[str] = []
+    frontier = {candidate.slug}
+    while frontier:
+        nxt = {
+            slug
+            for slug, (_a, _r, refs) in graph.items()
+            if refs & frontier and slug != candidate.slug and slug not in affected
+        }
+        affected.extend(sorted(nxt))
+        frontier = nxt
+    for slug in affected:
+        dep_agent, dep_rev, _refs = graph[slug]
+        pin = f"{slug}@{dep_rev.version}"
+        try:
+            resolver.resolve(_loaded(dep_agent, dep_rev))
+        except InvalidSpec as exc:
+            msg = f"this change would break live agent {pin}: {exc.detail}"
+            raise type(exc)(msg, path=exc.path, dependent=pin) from exc
 
 
 def _set_live(session: Session, agent: Agent, version: int) -> None:
@@ -234,6 +325,7 @@ def publish(session: Session, *, slug: str) -> tuple[AgentRevision, bool]:
     Publishing a retired agent brings it back. Raises AgentNotFound or any
     InvalidSpec (400) from :func:`baton.resolver.Resolver.resolve`.
     """
+    lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     spec = AgentSpec.model_validate(_draft(session, agent).spec)
     digest = spec_digest(spec)
@@ -244,6 +336,7 @@ def publish(session: Session, *, slug: str) -> tuple[AgentRevision, bool]:
             return current, False
     _validate_as_live(
         session,
+        agent,
         LoadedRevision(
             slug=slug,
             version=None,
@@ -283,6 +376,7 @@ def get_revision(session: Session, *, slug: str, version: int) -> AgentRevision:
 
 def restore(session: Session, *, slug: str, version: int) -> Agent:
     """Copy revision ``version`` into the draft; the live pointer does not move."""
+    lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     rev = _revision(session, agent, version)
     draft = _draft(session, agent)
@@ -300,9 +394,10 @@ def rollback(session: Session, *, slug: str, version: int) -> Agent:
     may have changed since it was published). Brings a retired agent back.
     Raises AgentNotFound, RevisionNotFound, InvalidSpec.
     """
+    lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     rev = _revision(session, agent, version)
-    _validate_as_live(session, _loaded(agent, rev))
+    _validate_as_live(session, agent, _loaded(agent, rev))
     _set_live(session, agent, version)
     _flush(session, f"rolling back '{slug}'")
     return agent
@@ -347,6 +442,7 @@ def retire(session: Session, *, slug: str) -> Agent:
 
     Raises AgentNotFound, AgentInUse (another live revision references it).
     """
+    lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     _refuse_if_used(session, slug, "retire", live_only=True)
     pointer = session.get(AgentLivePointer, _id(agent))
@@ -366,6 +462,7 @@ def delete_agent(session: Session, *, slug: str) -> None:
     a later agent reusing the slug would otherwise change what that pin means.
     Raises AgentNotFound, AgentInUse.
     """
+    lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     _refuse_if_used(session, slug, "delete", live_only=False)
     agent_id = _id(agent)

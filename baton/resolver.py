@@ -182,15 +182,15 @@ class Resolver:
         seen = {rev.key}
         current = rev
         while current.spec.extends:
+            base = self._load(current.spec.extends, path)
+            if base.key in seen:
+                cycle = " -> ".join([r.pin for r in chain] + [base.pin])
+                raise InheritanceCycle(f"extends chain forms a cycle: {cycle}", path=path)
             if len(chain) - 1 >= MAX_INHERITANCE_LINKS:
                 raise InheritanceTooDeep(
                     f"extends chain from '{rev.slug}' is longer than {MAX_INHERITANCE_LINKS} links",
                     path=path,
                 )
-            base = self._load(current.spec.extends, path)
-            if base.key in seen:
-                cycle = " -> ".join([r.pin for r in chain] + [base.pin])
-                raise InheritanceCycle(f"extends chain forms a cycle: {cycle}", path=path)
             seen.add(base.key)
             chain.append(base)
             current = base
@@ -267,18 +267,3 @@ class Resolver:
             subagents=[self._node(node, path, envelope) for node, path in layer.nodes],
             inheritance=layer.chain,
         )
-
-
-def candidate_lookup(lookup: Lookup, candidate: LoadedRevision) -> Lookup:
-    """``lookup`` as it will be once ``candidate`` is live: its bare slug resolves to it.
-
-    Used to validate a publish or a rollback before the live pointer moves, so
-    that ``a extends a`` and longer cycles through the live pointer are caught.
-    """
-
-    def _lookup(ref: str) -> LoadedRevision:
-        if ref == candidate.slug:
-            return candidate
-        return lookup(ref)
-
-    return _lookup

@@ -5,9 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from baton.spec import AgentSpec, Slug
+from baton.spec import AgentSpec, SafeText, Slug
+
+#: Versions fit a PostgreSQL integer with room to spare (and a 9-digit `slug@N`).
+MAX_VERSION = 999_999_999
+#: Largest list offset accepted (fits every backend's integer).
+MAX_OFFSET = 2_000_000_000
 
 T = TypeVar("T")
 
@@ -39,8 +44,8 @@ class AgentCreate(BaseModel):
     )
 
     slug: Slug
-    name: str = Field(min_length=1, max_length=200)
-    description: str = Field(default="", max_length=2000)
+    name: SafeText = Field(min_length=1, max_length=200)
+    description: SafeText = Field(default="", max_length=2000)
     spec: AgentSpec = Field(default_factory=AgentSpec)
 
 
@@ -51,8 +56,8 @@ class AgentUpdate(BaseModel):
         extra="forbid", json_schema_extra={"examples": [{"name": "Senior researcher"}]}
     )
 
-    name: str | None = Field(default=None, min_length=1, max_length=200)
-    description: str | None = Field(default=None, max_length=2000)
+    name: SafeText | None = Field(default=None, min_length=1, max_length=200)
+    description: SafeText | None = Field(default=None, max_length=2000)
 
 
 class AgentPublic(BaseModel):
@@ -114,4 +119,4 @@ class VersionBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"version": 1}]})
 
-    version: int = Field(ge=1)
+    version: StrictInt = Field(ge=1, le=MAX_VERSION)

@@ -14,10 +14,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import regex
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from baton.errors import DuplicateAlias, TreeTooDeep, TreeTooLarge
@@ -44,6 +53,67 @@ AgentRef = Annotated[
     ),
 ]
 ToolName = Annotated[str, Field(pattern=TOOL_PATTERN, examples=["web_search"])]
+SkillName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")]
+ModelName = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$", examples=["openai:gpt-4o-mini"])
+]
+
+
+MAX_PROMPT_CHARS = 100_000
+MAX_LIST_ITEMS = 256
+MAX_PLAYBOOK_RULES = 200
+MAX_PATTERN_CHARS = 500
+MAX_ARGS_DEPTH = 16
+MAX_ARGS_JSON_CHARS = 16_000
+#: Run-time bound on one playbook pattern match (seconds); a pathological pattern
+#: simply does not match rather than stalling a model turn.
+PATTERN_TIMEOUT_S = 0.05
+
+
+def check_text(value: str) -> str:
+    """Refuse NUL characters and unpaired surrogates (PostgreSQL and UTF-8 cannot store them)."""
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (no unpaired surrogates)") from exc
+    return value
+
+
+SafeText = Annotated[str, AfterValidator(check_text)]
+
+
+def _check_json_value(value: Any, depth: int = 0) -> None:
+    if depth > MAX_ARGS_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_ARGS_DEPTH} levels")
+    if isinstance(value, str):
+        check_text(value)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("numbers must be finite (no NaN or Infinity)")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(str(key))
+            _check_json_value(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json_value(item, depth + 1)
+
+
+def compile_pattern(pattern: str) -> regex.Pattern[str]:
+    """Compile a playbook ``when`` pattern (case-insensitive). Raises ValueError if invalid."""
+    try:
+        return regex.compile(pattern, regex.IGNORECASE)
+    except (regex.error, OverflowError, RecursionError, ValueError) as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from exc
+
+
+def pattern_matches(pattern: str, text: str) -> bool:
+    """Search ``pattern`` in ``text`` with a time limit; a timeout counts as no match."""
+    try:
+        return compile_pattern(pattern).search(text, timeout=PATTERN_TIMEOUT_S) is not None
+    except (TimeoutError, ValueError):
+        return False
 
 
 def _refuse_removed(data: Any) -> Any:
@@ -82,6 +152,14 @@ class PlaybookToolCall(_Strict):
     tool: str = Field(min_length=1, max_length=64, examples=["invoke_agent"])
     args: dict[str, Any] = Field(default_factory=dict, examples=[{"slug": "writer"}])
 
+    @field_validator("args")
+    @classmethod
+    def _bounded_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_json_value(value)
+        if len(json.dumps(value)) > MAX_ARGS_JSON_CHARS:
+            raise ValueError(f"args must serialise to at most {MAX_ARGS_JSON_CHARS} characters")
+        return value
+
 
 class PlaybookRule(_Strict):
     """One rule of the scripted model's playbook: when ``when`` matches, answer.
@@ -108,9 +186,13 @@ class PlaybookRule(_Strict):
         },
     )
 
-    when: str | None = Field(default=None, examples=["(?i)summari[sz]e"])
-    reply: str | None = Field(default=None, examples=["Here is the summary."])
-    tool_calls: list[PlaybookToolCall] = Field(default_factory=list)
+    when: SafeText | None = Field(
+        default=None, max_length=MAX_PATTERN_CHARS, examples=["summari[sz]e"]
+    )
+    reply: SafeText | None = Field(
+        default=None, max_length=MAX_PROMPT_CHARS, examples=["Here is the summary."]
+    )
+    tool_calls: list[PlaybookToolCall] = Field(default_factory=list, max_length=16)
     chunk_delay_ms: int = Field(
         default=0, ge=0, le=5000, description="Pause between streamed words (demos, tests)."
     )
@@ -119,10 +201,7 @@ class PlaybookRule(_Strict):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from exc
+            compile_pattern(value)
         return value
 
     @model_validator(mode="after")
@@ -147,10 +226,16 @@ class AgentLimits(_Strict):
         default=None, ge=0, le=64, description="Delegation nesting allowed below this agent."
     )
     max_spawns: int | None = Field(
-        default=None, ge=0, description="Sessions one run of this agent may start in total."
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Sessions one run of this agent may start in total.",
     )
     token_budget: int | None = Field(
-        default=None, ge=1, description="Tokens (in + out) across the run's whole subtree."
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Tokens (in + out) across the run's whole subtree.",
     )
 
 
@@ -167,7 +252,7 @@ class DelegationConfig(_Strict):
     available_for_delegation: bool | None = Field(
         default=None, description="Offer this agent on other agents' roster (default false)."
     )
-    delegation_hint: str | None = Field(
+    delegation_hint: SafeText | None = Field(
         default=None, max_length=500, description="Specialty shown on the roster."
     )
 
@@ -191,14 +276,18 @@ class SubagentNode(_Strict):
 
     alias: Slug = Field(description="Name of this node, distinct among its siblings.")
     agent: AgentRef
-    instructions: str | None = Field(
-        default=None, description="Appended to the referenced agent's prompt for this node."
+    instructions: SafeText | None = Field(
+        default=None,
+        max_length=MAX_PROMPT_CHARS,
+        description="Appended to the referenced agent's prompt for this node.",
     )
-    model: str | None = Field(default=None, description="Model override for this node.")
+    model: ModelName | None = Field(default=None, description="Model override for this node.")
     allowed_tools: list[ToolName] | None = Field(
-        default=None, description="Narrows the referenced agent's tools; null = no narrowing."
+        default=None,
+        max_length=MAX_LIST_ITEMS,
+        description="Narrows the referenced agent's tools; null = no narrowing.",
     )
-    subagents: list[SubagentNode] = Field(default_factory=list)
+    subagents: list[SubagentNode] = Field(default_factory=list, max_length=MAX_TREE_NODES + 1)
 
 
 class AgentSpec(_Strict):
@@ -224,23 +313,25 @@ class AgentSpec(_Strict):
         },
     )
 
-    system_prompt: str | None = None
+    system_prompt: SafeText | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
     extends: AgentRef | None = Field(default=None, description="Base agent to inherit from.")
     prompt_mode: Literal["append", "replace"] = Field(
         default="append",
         description="append: base prompt then this one; replace: this prompt only.",
     )
-    model: str | None = Field(
+    model: ModelName | None = Field(
         default=None, examples=["openai:gpt-4o-mini"], description="pydantic-ai model name."
     )
     playbook: list[PlaybookRule] | None = Field(
-        default=None, description="Rules for the offline scripted model; ignored by real models."
+        default=None,
+        max_length=MAX_PLAYBOOK_RULES,
+        description="Rules for the offline scripted model; ignored by real models.",
     )
-    skills: list[str] = Field(default_factory=list)
-    tools: list[ToolName] = Field(default_factory=list)
-    allowed_tools: list[ToolName] | None = None
-    blocked_tools: list[ToolName] = Field(default_factory=list)
-    subagents: list[SubagentNode] = Field(default_factory=list)
+    skills: list[SkillName] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    tools: list[ToolName] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    allowed_tools: list[ToolName] | None = Field(default=None, max_length=MAX_LIST_ITEMS)
+    blocked_tools: list[ToolName] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    subagents: list[SubagentNode] = Field(default_factory=list, max_length=MAX_TREE_NODES + 1)
     limits: AgentLimits = Field(default_factory=AgentLimits)
     delegation: DelegationConfig = Field(default_factory=DelegationConfig)
     workspace_sharing: Literal["isolated", "shareable"] | None = None

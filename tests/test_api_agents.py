@@ -179,3 +179,28 @@ def test_invalid_json_names_the_body(api: httpx.Client) -> None:
 def test_healthz(api: httpx.Client) -> None:
     """/healthz answers ok."""
     assert api.get("/healthz").json() == {"status": "ok"}
+
+
+def test_out_of_range_and_loose_numbers_are_422(api: httpx.Client) -> None:
+    """Huge versions/offsets and non-integer versions are validation errors, not 500s."""
+    create(api, "pv")
+    api.post("/v1/agents/pv/publish")
+    huge = 9223372036854775808
+    assert_problem(api.get(f"/v1/agents/pv/revisions/{huge}"), 422, "validation_error")
+    assert_problem(api.get("/v1/agents", params={"offset": huge}), 422, "validation_error")
+    for version in (huge, True, "1", 1.5):
+        resp = api.post("/v1/agents/pv/rollback", json={"version": version})
+        assert_problem(resp, 422, "validation_error")
+
+
+def test_validation_errors_are_capped(api: httpx.Client) -> None:
+    """A body with thousands of errors reports 20 of them and the total."""
+    resp = api.put("/v1/agents/x/draft", json={"tools": ["bad name"] * 200})
+    body = assert_problem(resp, 422, "validation_error")
+    assert len(body["errors"]) <= 20 and body["error_count"] >= 1
+
+
+def test_nul_in_name_is_refused_on_every_backend(api: httpx.Client) -> None:
+    """A NUL character in a name is a 422, not stored."""
+    resp = api.post("/v1/agents", json={"slug": "nul1", "name": "a\u0000b"})
+    assert_problem(resp, 422, "validation_error")

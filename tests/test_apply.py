@@ -153,3 +153,15 @@ def test_a_file_that_is_not_a_mapping_is_refused_clearly(db_url: str, tmp_path: 
     out = baton(db_url, "apply", "-f", str(f))
     assert out.returncode == 1
     assert "invalid_apply_file" in out.stderr and "mapping" in out.stderr
+
+
+def test_yaml_aliases_and_bad_encodings_are_refused(db_url: str, tmp_path: Path) -> None:
+    """Anchors/aliases and non-UTF-8 files fail as invalid_apply_file without a traceback."""
+    f = tmp_path / "agents.yaml"
+    f.write_text("x: &a [1, 2]\nagents:\n  - {slug: a, name: *a}\n")
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1 and "invalid_apply_file" in out.stderr and "alias" in out.stderr
+    f.write_bytes(b"agents:\n  - {slug: a, name: \xff\xfe}\n")
+    out = baton(db_url, "apply", "-f", str(f))
+    assert out.returncode == 1 and "invalid_apply_file" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -6,6 +6,7 @@ from datetime import UTC
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from baton import registry
@@ -17,6 +18,7 @@ from baton.errors import (
     AgentNotPublished,
     AgentRetired,
     BatonError,
+    DuplicateAlias,
     InheritanceCycle,
     InheritanceTooDeep,
     RevisionNotFound,
@@ -293,3 +295,100 @@ def test_delete_is_refused_while_an_old_revision_references_it(session: Session)
     session.rollback()
     registry.retire(session, slug="q1")
     session.commit()
+
+
+def all_live_resolve(engine_session: Session) -> list[str]:
+    """Pins of live agents that fail to resolve (should be empty)."""
+    broken = []
+    agents, _ = registry.list_agents(engine_session, limit=1000)
+    for agent in agents:
+        pub = registry.to_public(engine_session, agent)
+        if pub.live_version is None:
+            continue
+        try:
+            registry.resolve_agent(engine_session, ref=agent.slug)
+        except BatonError:
+            broken.append(f"{agent.slug}@{pub.live_version}")
+    return broken
+
+
+def test_a_base_change_that_breaks_a_live_dependent_is_refused(session: Session) -> None:
+    """Publishing a base whose new nodes clash with a live derived agent's is refused, naming it."""
+    put(session, "leaf", system_prompt="leaf")
+    put(session, "ia", system_prompt="base")
+    put(session, "ib", extends="ia", subagents=[{"alias": "x", "agent": "leaf"}])
+    with pytest.raises(DuplicateAlias) as info:
+        put(session, "ia", subagents=[{"alias": "x", "agent": "leaf"}])
+    assert info.value.extra["dependent"] == "ib@1"
+    assert live(session, "ia") == 1 and all_live_resolve(session) == []
+
+
+def test_lengthening_a_chain_under_live_agents_is_refused(session: Session) -> None:
+    """A root that starts extending another agent cannot push a live chain past 32 links."""
+    chain(session, 32)
+    put(session, "extra", system_prompt="x")
+    with pytest.raises(InheritanceTooDeep) as info:
+        put(session, "c0", extends="extra")
+    assert info.value.extra["dependent"] == "c32@1"
+
+
+def test_closing_a_cycle_over_a_long_chain_is_a_cycle(session: Session) -> None:
+    """A cycle is reported as a cycle even when the chain is also at its length bound."""
+    chain(session, 32)
+    with pytest.raises(InheritanceCycle):
+        put(session, "c0", extends="c32")
+
+
+def test_retired_agent_pinning_itself_can_be_published_back(session: Session) -> None:
+    """An agent whose spec pins its own older revision can come back from retirement."""
+    put(session, "selfp", system_prompt="one")
+    put(session, "selfp", subagents=[{"alias": "me", "agent": "selfp@1"}])
+    registry.retire(session, slug="selfp")
+    session.commit()
+    registry.rollback(session, slug="selfp", version=2)
+    session.commit()
+    assert live(session, "selfp") == 2
+
+
+def test_concurrent_writers_never_leave_a_broken_live_graph(engine: Engine) -> None:
+    """Mutual extends published at once, and retire racing a dependent publish, stay consistent."""
+    import threading
+
+    with Session(engine) as s:
+        put(s, "ma", system_prompt="a")
+        put(s, "mb", system_prompt="b")
+        put(s, "ra", system_prompt="ra")
+        registry.create_agent(s, slug="rb", name="Rb", spec=AgentSpec(extends="ra"))
+        s.commit()
+
+    def run(action: Any) -> None:
+        with Session(engine) as s:
+            try:
+                action(s)
+                s.commit()
+            except BatonError:
+                s.rollback()
+
+    def publish_ext(slug: str, base: str) -> Any:
+        def go(s: Session) -> None:
+            registry.save_draft(s, slug=slug, spec=AgentSpec(extends=base))
+            registry.publish(s, slug=slug)
+
+        return go
+
+    actions = [
+        publish_ext("ma", "mb"),
+        publish_ext("mb", "ma"),
+        lambda s: registry.publish(s, slug="rb"),
+        lambda s: registry.retire(s, slug="ra"),
+    ]
+    threads = [threading.Thread(target=run, args=(a,)) for a in actions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    with Session(engine) as s:
+        assert all_live_resolve(s) == []
+        ra_retired = registry.get_agent(s, slug="ra").retired
+        rb_live = live(s, "rb")
+        assert not (ra_retired and rb_live is not None)

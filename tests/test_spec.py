@@ -140,3 +140,50 @@ def test_playbook_rule_needs_an_answer_and_a_valid_pattern() -> None:
         AgentSpec.model_validate({"playbook": [{"when": "(", "reply": "r"}]})
     spec = AgentSpec.model_validate({"playbook": [{"tool_calls": [{"tool": "list_agents"}]}]})
     assert spec.playbook is not None and spec.playbook[0].tool_calls[0].args == {}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"system_prompt": "nul\x00here"},
+        {"system_prompt": "lone \ud800 surrogate"},
+        {"playbook": [{"reply": "r", "tool_calls": [{"tool": "t", "args": {"x": "\ud800"}}]}]},
+        {"playbook": [{"reply": "r", "tool_calls": [{"tool": "t", "args": {"x": float("nan")}}]}]},
+        {"playbook": [{"when": "a{4294967296}", "reply": "r"}]},
+        {"playbook": [{"when": "(" * 1000 + ")" * 1000, "reply": "r"}]},
+        {"limits": {"max_spawns": 10**300}},
+        {"tools": ["t"] * 257},
+    ],
+)
+def test_unstorable_or_unbounded_values_are_refused(doc: dict[str, Any]) -> None:
+    """NUL, lone surrogates, NaN, broken or huge patterns and oversized values fail validation."""
+    with pytest.raises(ValidationError):
+        AgentSpec.model_validate(doc)
+
+
+def test_deeply_nested_args_are_refused() -> None:
+    """Tool-call args nested deeper than 16 levels are refused; 16 is fine."""
+
+    def nest(levels: int) -> Any:
+        value: Any = "leaf"
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    ok = {"playbook": [{"reply": "r", "tool_calls": [{"tool": "t", "args": {"x": nest(15)}}]}]}
+    AgentSpec.model_validate(ok)
+    bad = {"playbook": [{"reply": "r", "tool_calls": [{"tool": "t", "args": {"x": nest(17)}}]}]}
+    with pytest.raises(ValidationError):
+        AgentSpec.model_validate(bad)
+
+
+def test_catastrophic_pattern_times_out_as_no_match() -> None:
+    """A backtracking-heavy pattern is bounded in time and counts as not matching."""
+    import time
+
+    from baton.spec import pattern_matches
+
+    started = time.monotonic()
+    assert pattern_matches("(a+)+$", "a" * 40 + "!") is False
+    assert time.monotonic() - started < 2
+    assert pattern_matches("HELLO", "well hello there") is True

@@ -10,7 +10,16 @@ from api.deps import SessionDep
 from api.problems import problem_responses
 from baton import registry
 from baton.contracts import ResolvedAgent
-from baton.schemas import AgentCreate, AgentPublic, AgentUpdate, Page, RevisionPublic, VersionBody
+from baton.schemas import (
+    MAX_OFFSET,
+    MAX_VERSION,
+    AgentCreate,
+    AgentPublic,
+    AgentUpdate,
+    Page,
+    RevisionPublic,
+    VersionBody,
+)
 from baton.spec import SLUG_PATTERN, AgentSpec
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
@@ -37,7 +46,7 @@ def create_agent(body: AgentCreate, session: SessionDep) -> AgentPublic:
 def list_agents(
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[AgentPublic]:
     """Agents ordered by slug."""
     agents, total = registry.list_agents(session, limit=limit, offset=offset)
@@ -113,7 +122,7 @@ def list_revisions(slug: SlugPath, session: SessionDep) -> Page[RevisionPublic]:
     summary="Get one revision",
 )
 def get_revision(
-    slug: SlugPath, version: Annotated[int, Path(ge=1)], session: SessionDep
+    slug: SlugPath, version: Annotated[int, Path(ge=1, le=MAX_VERSION)], session: SessionDep
 ) -> RevisionPublic:
     """Revision ``version``; 404 ``revision_not_found`` when it does not exist."""
     rev = registry.get_revision(session, slug=slug, version=version)
@@ -163,7 +172,7 @@ def resolved(
     slug: SlugPath,
     session: SessionDep,
     version: Annotated[
-        int | None, Query(ge=1, description="A pinned revision; omit = live")
+        int | None, Query(ge=1, le=MAX_VERSION, description="A pinned revision; omit = live")
     ] = None,
 ) -> ResolvedAgent:
     """The revision after inheritance and narrowing (README 'Resolution rules')."""
