@@ -24,7 +24,6 @@ from pydantic_ai.messages import (
     ModelResponsePart,
     PartDeltaEvent,
     PartStartEvent,
-    RetryPromptPart,
     SystemPromptPart,
     TextPart,
     TextPartDelta,
@@ -76,7 +75,12 @@ def to_model_messages(system_prompt: str, history: list[MessageRow]) -> list[Mod
     def close_open_calls() -> None:
         for call_id, name in open_calls.items():
             pending.append(
-                ToolReturnPart(name, "(no result: the turn was interrupted)", tool_call_id=call_id)
+                ToolReturnPart(
+                    name,
+                    "(no result: the turn was interrupted)",
+                    tool_call_id=call_id,
+                    outcome="interrupted",
+                )
             )
         open_calls.clear()
 
@@ -88,9 +92,12 @@ def to_model_messages(system_prompt: str, history: list[MessageRow]) -> list[Mod
             open_calls.pop(m.tool_call_id)
             name = m.tool_name or "tool"
             pending.append(
-                RetryPromptPart(m.text, tool_name=name, tool_call_id=m.tool_call_id)
-                if m.is_error
-                else ToolReturnPart(name, m.text, tool_call_id=m.tool_call_id)
+                ToolReturnPart(
+                    name,
+                    m.text,
+                    tool_call_id=m.tool_call_id,
+                    outcome="failed" if m.is_error else "success",
+                )
             )
         elif m.role == "assistant":
             close_open_calls()

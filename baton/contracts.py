@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 
 class ResolvedLimits(BaseModel):
@@ -105,6 +106,19 @@ class ResolvedAgent(BaseModel):
         return f"{self.slug}@{self.version}"
 
 
+def position(turn: int, step: int, kind: int, index: int = 0) -> str:
+    """Sort key of a message: turn, model step, kind (0 user, 1 assistant, 2 tool, 3 error)."""
+    return f"{turn:06d}.{step:03d}.{kind}{index:03d}"
+
+
+#: Longest user message accepted (characters).
+MAX_MESSAGE_CHARS = 64_000
+#: ApplicationError types the send_message Update rejects or fails with.
+SESSION_BUSY = "session_busy"
+SESSION_CLOSED = "session_closed"
+INVALID_PROMPT = "invalid_prompt"
+
+
 SessionStatus = Literal["running", "idle", "awaiting_input", "cancelled"]
 
 
@@ -133,6 +147,10 @@ class SessionConfig(BaseModel):
     heartbeat_timeout_s: float = 30.0
     review_timeout_s: float = 300.0
     max_delegation_depth: int = 3
+    continue_as_new_after_turns: int | None = Field(
+        default=None,
+        description="Also continue-as-new after this many turns (None = when suggested).",
+    )
 
 
 class UserMessage(BaseModel):
@@ -260,3 +278,33 @@ class TurnOutcome(BaseModel):
     message_id: str
     preview: str = ""
     usage: Usage = Field(default_factory=Usage)
+
+
+#: Keyword search attributes (DESIGN §4); registered by the stack.
+SA_AGENT = SearchAttributeKey.for_keyword("BatonAgent")
+SA_VERSION = SearchAttributeKey.for_keyword("BatonAgentVersion")
+SA_INVOKED_BY = SearchAttributeKey.for_keyword("BatonInvokedBy")
+SA_STATUS = SearchAttributeKey.for_keyword("BatonStatus")
+SA_USER = SearchAttributeKey.for_keyword("BatonUser")
+SA_PARENT = SearchAttributeKey.for_keyword("BatonParentSession")
+SA_TEAM = SearchAttributeKey.for_keyword("BatonTeam")
+SEARCH_ATTRIBUTES = (SA_AGENT, SA_VERSION, SA_INVOKED_BY, SA_STATUS, SA_USER, SA_PARENT, SA_TEAM)
+
+
+def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
+    """The search attributes a session starts with (set by whoever starts it)."""
+    slug, _, version = inp.agent_pin.partition("@")
+    pairs: list[SearchAttributePair[str]] = [
+        SearchAttributePair(SA_AGENT, slug),
+        SearchAttributePair(SA_VERSION, version),
+        SearchAttributePair(SA_USER, inp.provenance.created_by_user),
+        SearchAttributePair(SA_STATUS, "running"),
+    ]
+    for key, value in (
+        (SA_INVOKED_BY, inp.provenance.invoked_by_agent),
+        (SA_PARENT, inp.provenance.parent_session_id),
+        (SA_TEAM, inp.provenance.team),
+    ):
+        if value:
+            pairs.append(SearchAttributePair(key, value))
+    return TypedSearchAttributes(pairs)

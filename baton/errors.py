@@ -248,3 +248,11 @@ def from_database_error(exc: Exception) -> BatonError | None:
     if isinstance(exc, OperationalError):
         return DatabaseUnavailable(f"database error: {type(exc.orig).__name__}")
     return None
+
+
+class InvalidPrompt(BatonError):
+    """A message the session refuses (empty or too long)."""
+
+    code = "invalid_prompt"
+    status = 422
+    title = "Invalid prompt"

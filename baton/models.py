@@ -19,7 +19,6 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
-    RetryPromptPart,
     ToolReturnPart,
     UserPromptPart,
 )
@@ -47,8 +46,6 @@ def last_message_text(messages: list[ModelMessage]) -> str:
                 texts.append(part.content)
             elif isinstance(part, ToolReturnPart):
                 texts.append(f"{part.tool_name}: {part.model_response_str()}")
-            elif isinstance(part, RetryPromptPart):
-                texts.append(f"{part.tool_name or 'error'}: {part.model_response()}")
         if texts:
             return "\n".join(texts)
     return ""

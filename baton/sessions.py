@@ -29,11 +29,6 @@ def summarise(text: str, limit: int = SUMMARY_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def position(turn: int, step: int, kind: int, index: int = 0) -> str:
-    """Sort key of a message: turn, model step, kind (0 user, 1 assistant, 2 tool, 3 error)."""
-    return f"{turn:06d}.{step:03d}.{kind}{index:03d}"
-
-
 class SessionPublic(BaseModel):
     """A session as the API shows it."""
 

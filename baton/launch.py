@@ -1,0 +1,212 @@
+"""Launching sessions and sending messages: the client side of SessionWorkflow.
+
+Used by the API (and, for delegations, by activities). The agent reference is
+resolved to a pin in the DB first and the session row written, then the
+workflow is started with update-with-start so the first message is delivered in
+the first workflow task (DESIGN §4). Workflow and Update are addressed by their
+stable Temporal names, so this module does not import workflow code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from baton import registry, sessions
+from baton.contracts import (
+    INVALID_PROMPT,
+    SESSION_BUSY,
+    SESSION_CLOSED,
+    Provenance,
+    SessionConfig,
+    SessionInput,
+    TurnOutcome,
+    UserMessage,
+    initial_search_attributes,
+)
+from baton.db import SessionRow, session_scope
+from baton.errors import (
+    BatonError,
+    EngineUnavailable,
+    InvalidPrompt,
+    SessionBusy,
+    SessionClosed,
+    TurnFailed,
+)
+
+WORKFLOW = "Session"
+UPDATE = "send_message"
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A started session: its id, pin and (sync) the final assistant message."""
+
+    session_id: str
+    agent: str
+    version: int
+    outcome: TurnOutcome | None
+    response: str | None
+
+
+def _name(prompt: str) -> str:
+    line = prompt.strip().splitlines()[0] if prompt.strip() else ""
+    return sessions.summarise(line, 80)
+
+
+def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
+    cause = exc.cause
+    kind = cause.type if isinstance(cause, ApplicationError) else None
+    message = str(cause.message) if isinstance(cause, ApplicationError) else str(cause)
+    if kind == SESSION_BUSY:
+        return SessionBusy(message, session_id=session_id)
+    if kind == SESSION_CLOSED:
+        return SessionClosed(message, session_id=session_id)
+    if kind == INVALID_PROMPT:
+        return InvalidPrompt(message, path="prompt")
+    return TurnFailed(message, session_id=session_id)
+
+
+def final_text(engine: Engine, message_id: str) -> str:
+    """Full text of a stored message (claim-check: history holds only its id)."""
+    with session_scope(engine) as s:
+        row = sessions.get_message(s, message_id=message_id)
+        return row.text if row else ""
+
+
+async def launch_session(
+    client: Client,
+    engine: Engine,
+    *,
+    task_queue: str,
+    config: SessionConfig,
+    ref: str,
+    prompt: str,
+    provenance: Provenance,
+    sync: bool,
+    name: str | None = None,
+) -> Launched:
+    """Resolve ``ref``, record the session and start it with its first message.
+
+    Raises the registry's AgentNotFound / RevisionNotFound / AgentRetired /
+    AgentNotPublished / InvalidReference, EngineUnavailable (Temporal refused the
+    start; nothing is left behind) or TurnFailed (sync, the first turn failed).
+    """
+    session_id = f"session-{uuid.uuid4()}"
+
+    def record() -> tuple[str, int]:
+        with session_scope(engine) as s:
+            agent, rev = registry.resolve_ref(s, ref=ref)
+            sessions.create_session(
+                s,
+                session_id=session_id,
+                agent_slug=agent.slug,
+                agent_version=rev.version,
+                provenance=provenance,
+                name=name or _name(prompt),
+            )
+            return agent.slug, rev.version
+
+    slug, version = await asyncio.to_thread(record)
+    pin = f"{slug}@{version}"
+    inp = SessionInput(session_id=session_id, agent_pin=pin, provenance=provenance, config=config)
+    start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+        WORKFLOW,
+        inp,
+        id=session_id,
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        search_attributes=initial_search_attributes(inp),
+        static_summary=f"{pin} · {name or _name(prompt)}",
+        static_details=f"Session with {pin}, started by {provenance.created_by_user}"
+        + (f", invoked by {provenance.invoked_by_agent}" if provenance.invoked_by_agent else ""),
+    )
+    try:
+        handle = await client.start_update_with_start_workflow(
+            UPDATE,
+            UserMessage(prompt=prompt),
+            start_workflow_operation=start,
+            wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
+            id=f"{session_id}:message-1",
+            result_type=TurnOutcome,
+        )
+        outcome = await handle.result() if sync else None
+    except WorkflowUpdateFailedError as exc:
+        raise _update_error(exc, session_id) from exc
+    except RPCError as exc:
+        await asyncio.to_thread(_forget, engine, session_id)
+        raise EngineUnavailable(f"Temporal refused to start the session: {exc.message}") from exc
+    response = await asyncio.to_thread(final_text, engine, outcome.message_id) if outcome else None
+    return Launched(session_id, slug, version, outcome, response)
+
+
+def _forget(engine: Engine, session_id: str) -> None:
+    with session_scope(engine) as s:
+        row = s.get(SessionRow, session_id)
+        if row is not None:
+            s.delete(row)
+
+
+async def send_message(
+    client: Client, engine: Engine, *, session_id: str, prompt: str, sync: bool
+) -> tuple[TurnOutcome | None, str | None]:
+    """Send a message to an existing session: ``(outcome, final text)`` when sync.
+
+    Raises SessionNotFound, SessionBusy (409, a turn is running), SessionClosed,
+    InvalidPrompt, TurnFailed or EngineUnavailable.
+    """
+
+    def check() -> None:
+        with session_scope(engine) as s:
+            row = sessions.get_session(s, session_id=session_id)
+            if row.status == "cancelled":
+                raise SessionClosed(f"session '{session_id}' was cancelled")
+
+    await asyncio.to_thread(check)
+    handle = client.get_workflow_handle(session_id)
+    try:
+        update = await handle.start_update(
+            UPDATE,
+            UserMessage(prompt=prompt),
+            wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
+            id=f"{session_id}:message-{uuid.uuid4()}",
+            result_type=TurnOutcome,
+        )
+        outcome = await update.result() if sync else None
+    except WorkflowUpdateFailedError as exc:
+        raise _update_error(exc, session_id) from exc
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise SessionClosed(f"session '{session_id}' is no longer running") from exc
+        raise EngineUnavailable(f"Temporal refused the message: {exc.message}") from exc
+    text = await asyncio.to_thread(final_text, engine, outcome.message_id) if outcome else None
+    return outcome, text
+
+
+async def cancel_session(client: Client, engine: Engine, *, session_id: str) -> None:
+    """Request cancellation; the workflow records ``cancelled`` and ends. Idempotent."""
+
+    def check() -> str:
+        with session_scope(engine) as s:
+            return sessions.get_session(s, session_id=session_id).status
+
+    if await asyncio.to_thread(check) == "cancelled":
+        return
+    try:
+        await client.get_workflow_handle(session_id).cancel()
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise EngineUnavailable(f"Temporal refused the cancel: {exc.message}") from exc

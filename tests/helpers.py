@@ -1,0 +1,76 @@
+"""Small helpers shared by the Temporal-backed tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from baton import registry, sessions
+from baton.contracts import Provenance, SessionConfig
+from baton.db import session_scope
+from baton.launch import Launched, launch_session
+from baton.spec import AgentSpec
+
+#: Short timeouts so a killed worker's activity is retried quickly in tests.
+TEST_CONFIG = SessionConfig(heartbeat_timeout_s=3.0, model_turn_timeout_s=60.0)
+
+
+def publish(engine: Engine, slug: str, **spec: Any) -> int:
+    """Create (or update) and publish ``slug``; returns the live version."""
+    with session_scope(engine) as s:
+        parsed = AgentSpec.model_validate(spec)
+        try:
+            registry.get_agent(s, slug=slug)
+            registry.save_draft(s, slug=slug, spec=parsed)
+        except Exception:
+            s.rollback()
+            registry.create_agent(s, slug=slug, name=slug.title(), spec=parsed)
+        rev, _ = registry.publish(s, slug=slug)
+        return rev.version
+
+
+async def launch(
+    client: Client,
+    engine: Engine,
+    worker: Worker,
+    ref: str,
+    prompt: str,
+    *,
+    sync: bool = True,
+    config: SessionConfig = TEST_CONFIG,
+) -> Launched:
+    """Start a session on ``worker``'s task queue as a local user would."""
+    return await launch_session(
+        client,
+        engine,
+        task_queue=worker.task_queue,
+        config=config,
+        ref=ref,
+        prompt=prompt,
+        provenance=Provenance(),
+        sync=sync,
+    )
+
+
+def transcript(engine: Engine, session_id: str) -> list[tuple[str, str]]:
+    """``(role, text)`` pairs of the stored transcript, in order."""
+    with session_scope(engine) as s:
+        return [(m.role, m.text) for m in sessions.messages(s, session_id=session_id)]
+
+
+def status(engine: Engine, session_id: str) -> str:
+    with session_scope(engine) as s:
+        return sessions.get_session(s, session_id=session_id).status
+
+
+async def wait_for(predicate: Any, timeout: float = 30.0) -> None:
+    """Poll ``predicate()`` until true or fail after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,1 @@
+"""The worker: client, data converter, registrations (shared by CLI, dev stack and tests)."""

@@ -1,0 +1,88 @@
+"""One factory for the Temporal client and Worker, used by `baton worker`, `baton dev`,
+`make demo` and the tests, so they all run the same registrations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from activities.session import SessionActivities
+from baton.contracts import SEARCH_ATTRIBUTES
+from baton.settings import Settings
+from workflows.session import SessionWorkflow
+
+#: Modules the workflow sandbox imports once instead of per run. Each is pure
+#: (no I/O at import) and only its pure parts run inside workflow code:
+PASSTHROUGH = (
+    "baton",  # contracts, spec and errors: pydantic models crossing the boundary
+    "activities",  # referenced for activity method names/types, never executed in workflows
+    "pydantic_ai",  # imported by activities; heavy, not used by workflow code
+    "sqlalchemy",  # imported by activities/baton.db; not used by workflow code
+    "sqlmodel",
+    "regex",
+    "jsonschema",
+)
+
+WORKFLOWS = [SessionWorkflow]
+
+
+def activities_for(engine: Engine) -> list[Callable[..., Any]]:
+    """The activity callables bound to ``engine``."""
+    acts = SessionActivities(engine)
+    return [acts.load_agent, acts.model_turn, acts.run_tool, acts.record_failure, acts.set_status]
+
+
+async def connect(settings: Settings) -> Client:
+    """A Temporal client for ``settings`` with the pydantic data converter."""
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+    )
+
+
+def build_worker(
+    client: Client, *, engine: Engine, task_queue: str, max_concurrent_activities: int = 64
+) -> Worker:
+    """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough."""
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        activities=activities_for(engine),
+        activity_executor=ThreadPoolExecutor(max_workers=max_concurrent_activities),
+        max_concurrent_activities=max_concurrent_activities,
+        workflow_runner=SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)
+        ),
+    )
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
+    """Register Baton's Keyword search attributes that are missing; returns those added."""
+    existing = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    missing = [k.name for k in SEARCH_ATTRIBUTES if k.name not in existing.custom_attributes]
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=namespace,
+                search_attributes={
+                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for name in missing
+                },
+            )
+        )
+    return missing
