@@ -6,15 +6,17 @@ sessions exist), never at import time.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from temporalio.client import Client
 
 from api.problems import PROBLEM_JSON, install_problem_handlers
-from api.routers import agents
+from api.routers import agents, sessions
 from baton.db import init_db, make_engine
 from baton.settings import Settings, get_settings
 
@@ -41,8 +43,12 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the API. ``settings`` defaults to :func:`baton.settings.get_settings`."""
+def create_app(settings: Settings | None = None, *, temporal: Client | None = None) -> FastAPI:
+    """Build the API. ``settings`` defaults to :func:`baton.settings.get_settings`.
+
+    ``temporal`` is a connected client to share (the dev stack and tests pass
+    theirs); otherwise the app connects on the first request that needs it.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -51,6 +57,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         init_db(engine)
         app.state.settings = cfg
         app.state.engine = engine
+        app.state.temporal = temporal
+        app.state.temporal_lock = asyncio.Lock()
         try:
             yield
         finally:
@@ -70,5 +78,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     app.include_router(agents.router)
+    app.include_router(sessions.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -169,13 +169,23 @@ async def send_message(
     InvalidPrompt, TurnFailed or EngineUnavailable.
     """
 
-    def check() -> None:
+    def mark_running() -> bool:
+        # Mark the session running before the Update so that an SSE client following
+        # `until=idle` right after this call never sees the previous turn's idle state.
         with session_scope(engine) as s:
             row = sessions.get_session(s, session_id=session_id)
             if row.status == "cancelled":
                 raise SessionClosed(f"session '{session_id}' was cancelled")
+            if row.status != "idle":
+                return False
+            sessions.set_status(s, session_id=session_id, status="running")
+            return True
 
-    await asyncio.to_thread(check)
+    def restore_idle() -> None:
+        with session_scope(engine) as s:
+            sessions.set_status(s, session_id=session_id, status="idle")
+
+    marked = await asyncio.to_thread(mark_running)
     handle = client.get_workflow_handle(session_id)
     try:
         update = await handle.start_update(
@@ -187,8 +197,13 @@ async def send_message(
         )
         outcome = await update.result() if sync else None
     except WorkflowUpdateFailedError as exc:
-        raise _update_error(exc, session_id) from exc
+        error = _update_error(exc, session_id)
+        if marked and not isinstance(error, TurnFailed):
+            await asyncio.to_thread(restore_idle)
+        raise error from exc
     except RPCError as exc:
+        if marked:
+            await asyncio.to_thread(restore_idle)
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise SessionClosed(f"session '{session_id}' is no longer running") from exc
         raise EngineUnavailable(f"Temporal refused the message: {exc.message}") from exc

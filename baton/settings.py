@@ -15,6 +15,8 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
+from baton.contracts import SessionConfig
+
 DEFAULT_DATABASE_URL = "sqlite:///./.baton/baton.db"
 
 
@@ -39,6 +41,9 @@ class Settings(BaseSettings):
     temporal_address: str = Field(default="localhost:7233", description="host:port of Temporal.")
     temporal_namespace: str = Field(default="default")
     task_queue: str = Field(default="baton", description="Task queue the worker polls.")
+    temporal_ui_url: str = Field(
+        default="http://localhost:8233", description="Base URL of the Temporal Web UI for links."
+    )
     review_timeout: float = Field(
         default=300.0,
         gt=0,
@@ -72,6 +77,19 @@ class Settings(BaseSettings):
             )
             raise ValueError(msg)
         return self
+
+    def session_config(self) -> SessionConfig:
+        """The engine settings a new session runs with (workflows cannot read settings)."""
+        return SessionConfig(
+            default_model=self.model,
+            review_timeout_s=self.review_timeout,
+            max_delegation_depth=self.max_delegation_depth,
+        )
+
+    def workflow_url(self, workflow_id: str) -> str:
+        """Temporal Web UI link to ``workflow_id``."""
+        base = self.temporal_ui_url.rstrip("/")
+        return f"{base}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
 
     @property
     def database_url_redacted(self) -> str:

