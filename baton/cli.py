@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+import json
+import signal
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -26,6 +30,7 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 EXAMPLES = Path("examples/agents.yaml")
+STATE_DIR = Path(".baton")
 
 
 def _fail(exc: BatonError) -> typer.Exit:
@@ -165,17 +170,225 @@ def show(
         console.print(render_resolved(resolved))
 
 
+def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``main(stop)`` on a fresh loop; Ctrl-C / SIGTERM set ``stop`` for a clean exit."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    asyncio.run(runner())
+
+
+@app.command()
+def worker() -> None:
+    """Run a worker for BATON_TASK_QUEUE against BATON_TEMPORAL_ADDRESS until Ctrl-C."""
+    from baton.settings import get_settings
+    from worker.stack import run_services
+
+    with _errors():
+        settings = get_settings()
+    console.print(
+        f"worker on task queue [bold]{settings.task_queue}[/] at {settings.temporal_address}"
+    )
+    _run_until_signal(lambda stop: run_services(settings, stop=stop))
+
+
+@app.command()
+def setup() -> None:
+    """Register Baton's search attributes on the configured Temporal namespace."""
+    from baton.settings import get_settings
+    from worker.factory import connect, ensure_search_attributes
+
+    async def main() -> list[str]:
+        settings = get_settings()
+        client = await connect(settings)
+        return await ensure_search_attributes(client, settings.temporal_namespace)
+
+    with _errors():
+        added = asyncio.run(main())
+    console.print(f"search attributes added: {', '.join(added) or 'none (all present)'}")
+
+
+@app.command()
+def dev(
+    port: Annotated[int, typer.Option(help="API port.")] = 8000,
+    temporal_port: Annotated[int, typer.Option(help="Temporal frontend port.")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="Temporal Web UI port.")] = 8233,
+) -> None:
+    """The whole embedded stack: Temporal dev server, worker and API, until Ctrl-C."""
+    from baton.settings import get_settings
+    from worker.stack import DevServer, run_services
+
+    with _errors():
+        settings = get_settings()
+    server = DevServer(
+        port=temporal_port,
+        ui_port=ui_port,
+        db_file=STATE_DIR / "temporal.db",
+        log_file=STATE_DIR / "temporal.log",
+    )
+    with console.status("Starting the Temporal dev server …"):
+        server.start()
+    try:
+        cfg = settings.model_copy(
+            update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
+        )
+        console.print(
+            f"[bold green]Baton is up[/]  API http://127.0.0.1:{port}  "
+            f"Temporal UI {server.ui_url}  (Ctrl-C to stop)"
+        )
+        _run_until_signal(lambda stop: run_services(cfg, stop=stop, api_port=port))
+    finally:
+        server.stop()
+        console.print("stopped")
+
+
+def follow(http: httpx.Client, session_id: str, after: int = 0) -> int:
+    """Print a session's events until it is idle: streamed text, tool calls, status.
+
+    Returns the last event id (to resume the next turn from).
+    """
+    last = after
+    streaming: set[str] = set()
+    headers = {"Last-Event-ID": str(after)}
+    with http.stream(
+        "GET", f"/v1/sessions/{session_id}/events?until=idle", headers=headers, timeout=None
+    ) as resp:
+        resp.raise_for_status()
+        event: dict[str, str] = {}
+        for line in resp.iter_lines():
+            if line:
+                key, _, value = line.partition(":")
+                event[key] = value.strip()
+                continue
+            if "data" not in event:
+                event = {}
+                continue
+            last = int(event.get("id", last))
+            kind, data = event.get("event", ""), json.loads(event["data"])
+            event = {}
+            if kind == "chunk":
+                streaming.add(data["message_id"])
+                console.print(escape(data["text"]), end="", style="bold")
+            elif kind == "message" and data["role"] == "assistant":
+                if data["message_id"] not in streaming:
+                    console.print(escape(data["text"]), end="", style="bold")
+                console.print()
+                for call in data.get("tool_calls") or []:
+                    console.print(f"  [yellow]→ {call['name']}[/]({json.dumps(call['args'])})")
+            elif kind == "message" and data["role"] == "tool":
+                console.print(f"  [cyan]← {data['tool_name']}[/]: {escape(data['text'])}")
+            elif kind == "message" and data["role"] == "error":
+                console.print(f"  [red]error[/]: {escape(data['text'])}")
+            elif kind == "status":
+                console.print(f"[dim]· {data['status']}[/]")
+    return last
+
+
+def print_transcript(http: httpx.Client, session_id: str) -> None:
+    """The transcript as a Rich table."""
+    body = http.get(f"/v1/sessions/{session_id}/transcript").json()
+    table = Table("role", "agent", "text", title=f"Transcript · {body['status']}", show_lines=True)
+    for m in body["messages"]:
+        role = m["role"] + (f" ({m['tool_name']})" if m.get("tool_name") else "")
+        text = m["text"]
+        if m.get("tool_calls"):
+            text += "\n" + ", ".join(f"→ {c['name']}" for c in m["tool_calls"])
+        table.add_row(role, m["agent"], escape(text))
+    console.print(table)
+
+
+@app.command()
+def run(
+    ref: Annotated[str, typer.Argument(help="AGENT or AGENT@VERSION")],
+    prompt: Annotated[str, typer.Argument(help="The message.")],
+    api_url: Annotated[str, typer.Option("--api", help="Baton API base URL.")] = (
+        "http://127.0.0.1:8000"
+    ),
+) -> None:
+    """Start a session on a running Baton (``baton dev``) and stream the reply."""
+    with httpx.Client(base_url=api_url, timeout=60) as http:
+        try:
+            resp = http.post("/v1/sessions", json={"agent": ref, "prompt": prompt})
+        except httpx.HTTPError as exc:
+            err_console.print(
+                f"[bold red]error[/] cannot reach {api_url}: {exc} (is `baton dev` up?)"
+            )
+            raise typer.Exit(1) from exc
+        if resp.status_code >= 400:
+            body = resp.json()
+            err_console.print(
+                f"[bold red]error[/] [{body.get('code')}]: {escape(body.get('detail', ''))}"
+            )
+            raise typer.Exit(1)
+        session = resp.json()
+        console.print(f"[dim]{session['session_id']} · {session['agent']}@{session['version']}[/]")
+        follow(http, session["session_id"])
+        console.print(f"[dim]{session['workflow_url']}[/]", soft_wrap=True)
+
+
+DEMO_PROMPT = "Research question: what is 17 * 23, and is the result prime?"
+
+
 @app.command()
 def demo(
     file: Annotated[Path, typer.Option("--file", "-f", help="Agents to apply.")] = EXAMPLES,
+    agent: Annotated[str, typer.Option(help="Agent to talk to.")] = "researcher",
+    prompt: Annotated[str, typer.Option(help="First message.")] = DEMO_PROMPT,
 ) -> None:
-    """Apply the example agents and print how each resolves."""
-    import yaml
+    """The main job end to end on the embedded stack: apply, launch, stream, transcript."""
+    from baton.settings import get_settings
+    from worker.stack import DevServer, ServicesThread, pick_port
 
     with _errors():
+        settings = get_settings()
         _apply(file)
-    for item in (yaml.safe_load(file.read_text()) or {}).get("agents", []):
-        show(item["slug"])
+    temporal_port = pick_port(7233)
+    # Share the persistent state file only when we own the default port (no other server).
+    db_file = STATE_DIR / "temporal.db" if temporal_port == 7233 else None
+    server = DevServer(
+        port=temporal_port,
+        ui_port=pick_port(8233),
+        db_file=db_file,
+        log_file=STATE_DIR / "temporal.log",
+    )
+    with console.status("Starting the Temporal dev server …"):
+        server.start()
+    try:
+        cfg = settings.model_copy(
+            update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
+        )
+        services = ServicesThread(cfg, api_port=pick_port(8000))
+        with console.status("Starting the worker and the API …"):
+            services.start()
+        try:
+            with httpx.Client(base_url=services.api_url, timeout=120) as http:
+                console.rule(f"[bold]{agent}[/] ← {escape(prompt)}")
+                resp = http.post("/v1/sessions", json={"agent": agent, "prompt": prompt})
+                if resp.status_code >= 400:
+                    err_console.print(f"[bold red]error[/] {escape(resp.text)}")
+                    raise typer.Exit(1)
+                session = resp.json()
+                follow(http, session["session_id"])
+                print_transcript(http, session["session_id"])
+                usage = http.get(f"/v1/sessions/{session['session_id']}").json()
+                console.print(
+                    f"tokens in/out: {usage['input_tokens']}/{usage['output_tokens']} · "
+                    f"model: {cfg.model or 'scripted (offline)'}"
+                )
+                console.print(f"Temporal UI: {session['workflow_url']}", soft_wrap=True)
+                if db_file is None:
+                    console.print("[dim](in-memory Temporal: port 7233 was taken)[/]")
+                else:
+                    console.print("[dim]`baton dev` serves this history again from .baton/[/]")
+        finally:
+            services.stop()
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -35,8 +35,12 @@ def model_name(agent_model: str | None, default: str | None) -> str:
     return agent_model or default or SCRIPTED
 
 
-def last_message_text(messages: list[ModelMessage]) -> str:
-    """Text of the newest request: a user prompt, or ``<tool>: <output>`` for tool results."""
+def last_message_text(messages: list[ModelMessage], *, labelled: bool = True) -> str:
+    """Text of the newest request: a user prompt, or the tool results.
+
+    ``labelled`` prefixes each tool result with ``<tool>: `` (what playbook
+    ``when`` patterns match against); unlabelled is the raw output.
+    """
     for message in reversed(messages):
         if not isinstance(message, ModelRequest):
             continue
@@ -45,7 +49,8 @@ def last_message_text(messages: list[ModelMessage]) -> str:
             if isinstance(part, UserPromptPart) and isinstance(part.content, str):
                 texts.append(part.content)
             elif isinstance(part, ToolReturnPart):
-                texts.append(f"{part.tool_name}: {part.model_response_str()}")
+                output = part.model_response_str()
+                texts.append(f"{part.tool_name}: {output}" if labelled else output)
         if texts:
             return "\n".join(texts)
     return ""
@@ -72,8 +77,9 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
 
     async def stream(messages: list[ModelMessage], _info: AgentInfo) -> AsyncIterator[Any]:
         last = last_message_text(messages)
+        raw = last_message_text(messages, labelled=False)
         rule = next((r for r in rules if r.when is None or pattern_matches(r.when, last)), None)
-        reply = _fill(rule.reply, last) if rule else f"[{agent_slug}] received: {last[:500]}"
+        reply = _fill(rule.reply, raw) if rule else f"[{agent_slug}] received: {last[:500]}"
         delay = (rule.chunk_delay_ms if rule else 0) / 1000
         for word in re.findall(r"\S+\s*", reply or ""):
             if delay:
@@ -84,7 +90,7 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
             calls: DeltaToolCalls = {
                 i: DeltaToolCall(
                     name=call.tool,
-                    json_args=json.dumps(_fill(call.args, last)),
+                    json_args=json.dumps(_fill(call.args, raw)),
                     tool_call_id=f"call_{step}_{i}",
                 )
                 for i, call in enumerate(rule.tool_calls)

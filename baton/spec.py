@@ -168,7 +168,7 @@ class PlaybookRule(_Strict):
     message (a tool result reads ``<tool>: <output>``); omitted = always matches.
     A rule answers with ``reply`` text and/or ``tool_calls``; at least one is
     required. ``{last_message}`` in ``reply`` or in string ``args`` is replaced by
-    the last message's text.
+    the last message's text (a tool result's raw output, without the label).
     """
 
     model_config = ConfigDict(

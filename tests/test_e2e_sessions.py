@@ -67,7 +67,7 @@ def test_sync_session_transcript_and_listing(live_api: httpx.Client) -> None:
     )
     assert resp.status_code == 201, resp.text
     body = resp.json()
-    assert body["response"] == "It is calculator: 42" and body["version"] == 1
+    assert body["response"] == "It is 42" and body["version"] == 1
     assert body["workflow_url"].endswith(f"/workflows/{body['session_id']}")
     sid = body["session_id"]
 
