@@ -293,7 +293,10 @@ class SessionActivities:
                             buffer, flushed_at = "", now
                     response = stream.get()
             except (ModelAPIError, UserError) as exc:
-                raise _classify(exc) from exc
+                mapped = _classify(exc)
+                if mapped is exc:
+                    raise  # retryable as it is; `raise exc from exc` would make it its own cause
+                raise mapped from exc
             if buffer:
                 await asyncio.to_thread(self._chunk, inp, buffer, attempt)
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))

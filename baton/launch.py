@@ -148,7 +148,14 @@ async def launch_session(
         raise _update_error(exc, session_id) from exc
     except RPCError as exc:
         await asyncio.to_thread(_forget, engine, session_id)
-        raise EngineUnavailable(f"Temporal refused to start the session: {exc.message}") from exc
+        hint = (
+            " (run `baton setup` to register search attributes)"
+            if "search attribute" in (exc.message or "")
+            else ""
+        )
+        raise EngineUnavailable(
+            f"Temporal refused to start the session: {exc.message}{hint}"
+        ) from exc
     response = await asyncio.to_thread(final_text, engine, outcome.message_id) if outcome else None
     return Launched(session_id, slug, version, outcome, response)
 

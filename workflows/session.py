@@ -10,6 +10,7 @@ once every handler has finished, carrying the agent snapshot and turn counter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
@@ -20,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from baton.contracts import (
         INVALID_PROMPT,
         MAX_MESSAGE_CHARS,
+        SA_AGENT,
         SA_STATUS,
         SESSION_BUSY,
         SESSION_CLOSED,
@@ -68,7 +70,9 @@ class SessionWorkflow:
                     summary=f"load {inp.agent_pin}",
                 )
             if inp.first_message is not None:
-                await self._answer(inp.first_message)
+                # A failed first turn is recorded in the transcript; the session stays open.
+                with contextlib.suppress(ApplicationError):
+                    await self._answer(inp.first_message)
             await workflow.wait_condition(lambda: self._should_continue_as_new() and not self._busy)
         except asyncio.CancelledError:
             self._closed = True
@@ -137,7 +141,10 @@ class SessionWorkflow:
     def _set_status(self, status: SessionStatus) -> None:
         if status != self._status:
             self._status = status
-            workflow.upsert_search_attributes([SA_STATUS.value_set(status)])
+            # Upsert only where the starter set Baton's attributes (so they are registered):
+            # an unregistered attribute would fail every workflow task and wedge the session.
+            if workflow.info().typed_search_attributes.get(SA_AGENT) is not None:
+                workflow.upsert_search_attributes([SA_STATUS.value_set(status)])
 
     async def _answer(self, msg: UserMessage) -> TurnOutcome:
         self._busy = True

