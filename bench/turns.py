@@ -1,8 +1,9 @@
 """Per-turn latency and throughput of Baton sessions against a bare Temporal floor.
 
 One process, one in-memory Temporal dev server (the ``temporal`` binary next to
-this Python, never downloaded) and a SQLite file in a temp dir. Two systems run
-on the same server, interleaved round by round:
+this Python, never downloaded; its transfer-queue poll limit raised, see
+``DEV_SERVER_ARGS``) and a SQLite file in a temp dir (or ``--database-url``).
+Two systems run on the same server, interleaved round by round:
 
 * **bare**: a minimal workflow defined here. Each turn is an Update (the first
   one update-with-start, like Baton) whose handler runs ONE no-op activity. No
@@ -14,9 +15,12 @@ on the same server, interleaved round by round:
 
 Measured: (a) sequential per-turn latency in one session after warm-up (median
 and p95), (b) throughput: N concurrent sessions each doing T turns (the first
-is the session start), total turns / wall seconds. Printed: both tables, the
-ratios (latency baton/bare, throughput baton/bare) against the targets, and
-(unless ``--no-profile``) where Baton's per-turn time goes.
+is the session start), total turns / wall seconds, with the CPU each turn cost
+this process and the dev server. Printed: both tables, the ratios (latency
+baton/bare, throughput baton/bare) against the targets, and (unless
+``--no-profile``) where Baton's per-turn time goes: history-timestamp phases,
+in-process timers around Baton's turn internals (monkeypatched here, product
+code untouched) and bare variants with one Baton ingredient added each.
 
 Run from the repo root (not part of ``make test``)::
 
@@ -31,6 +35,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -93,7 +98,8 @@ with workflow.unsafe.imports_passed_through():
 
 LATENCY_TARGET = 1.5  # baton per-turn latency <= 1.5x bare
 THROUGHPUT_TARGET = 0.7  # baton turns/s >= 0.7x bare
-AGENT = "bench-instant"
+#: Unique per run so that ``--database-url`` can point at a DB that has seen earlier runs.
+AGENT = f"bench-{uuid.uuid4().hex[:8]}"
 #: The dev server runs ONE history shard, and its transfer-queue reader is limited to
 #: 20 polls/s per shard. The workflow task that follows an activity completion goes
 #: through that queue, so past ~20 turns/s every turn waits for the next 50 ms tick:
@@ -586,7 +592,9 @@ def row(name: str, xs: Sequence[float]) -> str:
 
 def report(bare: Stats, baton: Stats, args: argparse.Namespace) -> None:
     print()
-    db = f"SQLite synchronous={args.sqlite_synchronous}" if args.sqlite_synchronous else "SQLite"
+    db = "PostgreSQL" if (args.database_url or "").startswith("postgres") else "SQLite"
+    if args.sqlite_synchronous and db == "SQLite":
+        db += f" synchronous={args.sqlite_synchronous}"
     server = "dev server defaults" if args.server_defaults else "transferProcessorMaxPollRPS raised"
     print(
         f"N={args.sessions} T={args.turns} seq-turns={args.seq_turns} rounds={args.rounds}"
@@ -686,19 +694,33 @@ async def profile(
         per_turn = TIMERS.totals[k] / n * 1000
         out.append(f"  {k:<44} {per_turn:6.2f} ms/turn  ({TIMERS.counts[k] / n:.0f}/turn)")
 
-    out += ["", f"== profile: bare + one Baton ingredient at a time ({n} sequential turns) =="]
+    out += [
+        "",
+        "== profile: bare + one Baton ingredient at a time ==",
+        f"  sequential: {n} turns; throughput: {args.sessions} sessions x {args.turns} turns;"
+        " CPU ms per turn under load",
+        f"  {'variant':<24} {'seq median':>10} {'seq p95':>8} {'turns/s':>8}"
+        f" {'py CPU':>7} {'server CPU':>10}",
+    ]
     for flags in ({}, {"heartbeat": True}, {"upsert": True}, {"heartbeat": True, "upsert": True}):
         driver = BareDriver(client, bare_q, **flags)
         st = Stats()
         await sequential(driver, st, warmup=args.warmup, turns=n)
-        out.append(row(driver.name, st.seq))
+        await asyncio.sleep(args.settle)
+        await throughput(driver, st, sessions=args.sessions, turns=args.turns)
+        server = st.cpu_server / st.turns * 1000 if st.cpu_server is not None else float("nan")
+        out.append(
+            f"  {driver.name:<24} {statistics.median(st.seq) * 1000:7.1f} ms"
+            f" {pct(st.seq, 95) * 1000:5.1f} ms {st.tps:8.1f}"
+            f" {st.cpu_py / st.turns * 1000:7.2f} {server:10.2f}"
+        )
     return out
 
 
-def sqlite_engine(path: Path, synchronous: str | None) -> Engine:
-    """Baton's engine on a SQLite file; ``synchronous`` overrides the PRAGMA (what-if only)."""
-    engine = make_engine(f"sqlite:///{path}")
-    if synchronous:
+def bench_engine(url: str, synchronous: str | None) -> Engine:
+    """Baton's engine for ``url``; ``synchronous`` overrides SQLite's PRAGMA (what-if only)."""
+    engine = make_engine(url)
+    if synchronous and engine.dialect.name == "sqlite":
 
         @sa.event.listens_for(engine, "connect")
         def _pragma(dbapi_conn: Any, _record: Any) -> None:
@@ -713,7 +735,8 @@ def sqlite_engine(path: Path, synchronous: str | None) -> Engine:
 async def run(args: argparse.Namespace) -> None:
     t_start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="baton-bench-"))
-    engine = sqlite_engine(tmp / "baton.db", args.sqlite_synchronous)
+    url = args.database_url or f"sqlite:///{tmp / 'baton.db'}"
+    engine = bench_engine(url, args.sqlite_synchronous)
     publish_instant_agent(engine)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(temporal_binary()),
@@ -727,7 +750,7 @@ async def run(args: argparse.Namespace) -> None:
     def progress(what: str) -> None:
         print(f"[{time.perf_counter() - t_start:5.1f} s] {what}", flush=True)
 
-    progress(f"dev server up; SQLite at {tmp}")
+    progress(f"dev server up; DB {engine.url.render_as_string(hide_password=True)}")
     client = env.client
     bare_q, baton_q = f"bench-bare-{uuid.uuid4()}", f"bench-baton-{uuid.uuid4()}"
     bare_d = BareDriver(client, bare_q)
@@ -740,7 +763,8 @@ async def run(args: argparse.Namespace) -> None:
             build_worker(client, engine=engine, task_queue=baton_q),
         ):
             # Warm both paths (sandbox imports, connections, caches) before timing.
-            for d in (bare_d, baton_d):
+            drivers: tuple[Driver, ...] = (bare_d, baton_d)
+            for d in drivers:
                 s = await d.start()
                 for _ in range(args.warmup):
                     await d.turn(s)
@@ -764,6 +788,7 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         await env.shutdown()
         engine.dispose()
+        shutil.rmtree(tmp, ignore_errors=True)
     report(bare, baton, args)
     print("\n".join(profile_lines))
     print(f"\ntotal {time.perf_counter() - t_start:.1f} s")
@@ -783,6 +808,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--server-defaults",
         action="store_true",
         help="keep the dev server's 20/s transfer-queue poll limit (turns snap to ~50 ms)",
+    )
+    p.add_argument(
+        "--database-url",
+        help="Baton's DB (default: a fresh SQLite file in a temp dir), e.g. postgresql+psycopg://…",
     )
     p.add_argument(
         "--sqlite-synchronous",

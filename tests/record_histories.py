@@ -1,0 +1,107 @@
+"""Record representative SessionWorkflow histories for the replay test.
+
+Run from the repo root when a workflow change is *meant* to change commands
+(and gate it with ``workflow.patched``): ``.venv/bin/python -m tests.record_histories``.
+Existing files are kept, so histories from older code stay in the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from baton import launch as launching
+from baton.contracts import SEARCH_ATTRIBUTES
+from baton.db import init_db, make_engine
+from baton.errors import TurnFailed
+from tests.helpers import TEST_CONFIG, launch, publish
+from worker.factory import build_worker
+
+HERE = Path(__file__).parent / "histories"
+
+
+async def save(client: Client, session_id: str, name: str) -> None:
+    """Write every run of ``session_id`` as ``<name>-run<N>.json`` (unless present)."""
+    runs = [w async for w in client.list_workflows(f"WorkflowId = '{session_id}'")]
+    for n, run in enumerate(sorted(runs, key=lambda r: r.start_time), start=1):
+        path = HERE / f"{name}-run{n}.json"
+        if path.exists():
+            print(f"kept {path.name}")
+            continue
+        history = await client.get_workflow_handle(session_id, run_id=run.run_id).fetch_history()
+        path.write_text(history.to_json())
+        print(f"wrote {path.name}")
+
+
+async def main() -> None:
+    HERE.mkdir(exist_ok=True)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        search_attributes=list(SEARCH_ATTRIBUTES),
+        data_converter=pydantic_data_converter,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = make_engine(f"sqlite:///{tmp}/rec.db")
+        init_db(engine)
+        worker = build_worker(env.client, engine=engine, task_queue=f"rec-{uuid.uuid4()}")
+        async with worker:
+            client = env.client
+            publish(
+                engine,
+                "adder",
+                tools=["calculator"],
+                playbook=[
+                    {"when": "^calculator: ", "reply": "It is {last_message}."},
+                    {
+                        "when": "add",
+                        "reply": "Adding.",
+                        "tool_calls": [
+                            {"tool": "calculator", "args": {"expression": "2 + 3"}},
+                            {"tool": "calculator", "args": {"expression": "4 * 5"}},
+                        ],
+                    },
+                ],
+            )
+            tools = await launch(client, engine, worker, "adder", "add please")
+            await launching.send_message(
+                client, engine, session_id=tools.session_id, prompt="add again", sync=True
+            )
+            await save(client, tools.session_id, "tool-loop")
+
+            publish(engine, "echo", playbook=[])
+            config = TEST_CONFIG.model_copy(update={"continue_as_new_after_turns": 1})
+            can = await launch(client, engine, worker, "echo", "one", config=config)
+            await launching.send_message(
+                client, engine, session_id=can.session_id, prompt="two", sync=True
+            )
+            await save(client, can.session_id, "continue-as-new")
+
+            slow = [{"reply": "w " * 30, "chunk_delay_ms": 50}]
+            publish(engine, "slow", playbook=slow)
+            cancelled = await launch(client, engine, worker, "slow", "go", sync=False)
+            await asyncio.sleep(0.5)
+            await launching.cancel_session(client, engine, session_id=cancelled.session_id)
+            handle = client.get_workflow_handle(cancelled.session_id)
+            with contextlib.suppress(Exception):
+                await handle.result()
+            await save(client, cancelled.session_id, "cancelled")
+
+            publish(engine, "broken", model="nosuchprovider:model")
+            with contextlib.suppress(TurnFailed):
+                await launch(client, engine, worker, "broken", "hello")
+            failed = [w async for w in client.list_workflows("BatonAgent = 'broken'")]
+            await save(client, failed[0].id, "failed-turn")
+        engine.dispose()
+    await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
