@@ -2,7 +2,7 @@
 
 Activity names are explicit and stable (renaming Python code never renames
 them; changing one breaks workflows in flight). Blocking DB work runs in sync
-activities on the worker's thread pool, or via ``asyncio.to_thread`` inside the
+activities on the worker's thread pool, or on a dedicated DB pool inside the
 async ``model_turn``.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from pydantic_ai.direct import model_request_stream
 from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError, UserError
@@ -56,6 +57,8 @@ from baton.models import build_model, model_name
 from baton.tools import ToolError, offered_tools, run_tool
 
 PREVIEW_CHARS = 200
+AGENT_CACHE_SIZE = 4096
+T = TypeVar("T")
 CHUNK_FLUSH_S = 0.1
 #: HTTP statuses worth retrying; any other 4xx is the request's fault and is final.
 RETRYABLE_HTTP = frozenset({408, 409, 425, 429})
@@ -122,9 +125,10 @@ async def heartbeating() -> AsyncIterator[None]:
     interval = timeout.total_seconds() / 2 if timeout else 10.0
 
     async def beat() -> None:
+        # The first beat waits an interval: a quick call then sends none at all.
         while True:
-            activity.heartbeat()
             await asyncio.sleep(interval)
+            activity.heartbeat()
 
     task = asyncio.create_task(beat())
     try:
@@ -139,6 +143,7 @@ def _result_from(row: MessageRow) -> ModelTurnResult:
     return ModelTurnResult(
         message_id=row.id,
         preview=row.text[:PREVIEW_CHARS],
+        preview_is_full=len(row.text) <= PREVIEW_CHARS,
         tool_calls=[ToolCall.model_validate(c) for c in row.tool_calls or []],
         usage=Usage.model_validate(row.usage or {}),
     )
@@ -173,8 +178,15 @@ def _classify(exc: Exception) -> Exception:
 class SessionActivities:
     """Activities of SessionWorkflow, built with the DB engine by the worker factory."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, db_threads: int = 16) -> None:
         self._engine = engine
+        # DB work of async activities gets its own pool: asyncio's default one is tiny
+        # (cores + 4) and shared, so concurrent turns queued behind each other.
+        self._db = ThreadPoolExecutor(max_workers=db_threads, thread_name_prefix="baton-db")
+        self._agents: dict[str, ResolvedAgent] = {}
+
+    async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     @activity.defn(name="load_agent")
     def load_agent(self, inp: LoadAgentInput) -> ResolvedAgent:
@@ -213,8 +225,14 @@ class SessionActivities:
                     text=inp.user_text,
                 )
             sessions.set_status(s, session_id=inp.session_id, status="running")
-            row = sessions.get_session(s, session_id=inp.session_id)
-            agent = ResolvedAgent.model_validate(row.resolved_agent)
+            agent = self._agents.get(inp.session_id)
+            if agent is None:
+                # A session's snapshot never changes once recorded: parse it once per worker.
+                row = sessions.get_session(s, session_id=inp.session_id)
+                agent = ResolvedAgent.model_validate(row.resolved_agent)
+                if len(self._agents) >= AGENT_CACHE_SIZE:
+                    self._agents.pop(next(iter(self._agents)))
+                self._agents[inp.session_id] = agent
             return None, agent, sessions.messages(s, session_id=inp.session_id)
 
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
@@ -226,8 +244,28 @@ class SessionActivities:
                 data={"message_id": inp.assistant_message_id, "text": text, "attempt": attempt},
             )
 
-    def _persist(self, inp: ModelTurnInput, text: str, calls: list[ToolCall], usage: Usage) -> None:
+    def _persist(
+        self,
+        inp: ModelTurnInput,
+        text: str,
+        calls: list[ToolCall],
+        usage: Usage,
+        last_chunk: str,
+        attempt: int,
+    ) -> None:
+        """Store the reply (and the stream's last chunk) in one transaction."""
         with session_scope(self._engine) as s:
+            if last_chunk:
+                sessions.append_event(
+                    s,
+                    session_id=inp.session_id,
+                    type="chunk",
+                    data={
+                        "message_id": inp.assistant_message_id,
+                        "text": last_chunk,
+                        "attempt": attempt,
+                    },
+                )
             sessions.add_message(
                 s,
                 message_id=inp.assistant_message_id,
@@ -253,7 +291,7 @@ class SessionActivities:
         """
         attempt = activity.info().attempt
         async with heartbeating():
-            done, agent, history = await asyncio.to_thread(self._prepare, inp)
+            done, agent, history = await self._in_db(self._prepare, inp)
             if done is not None:
                 return done
             assert isinstance(agent, ResolvedAgent)
@@ -289,7 +327,7 @@ class SessionActivities:
                             buffer += event.delta.content_delta
                         now = time.monotonic()
                         if buffer and now - flushed_at >= CHUNK_FLUSH_S:
-                            await asyncio.to_thread(self._chunk, inp, buffer, attempt)
+                            await self._in_db(self._chunk, inp, buffer, attempt)
                             buffer, flushed_at = "", now
                     response = stream.get()
             except (ModelAPIError, UserError) as exc:
@@ -297,8 +335,6 @@ class SessionActivities:
                 if mapped is exc:
                     raise  # retryable as it is; `raise exc from exc` would make it its own cause
                 raise mapped from exc
-            if buffer:
-                await asyncio.to_thread(self._chunk, inp, buffer, attempt)
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
             calls = [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
             cost: float | None = None
@@ -311,10 +347,11 @@ class SessionActivities:
                 cost_usd=cost,
                 wall_ms=int((time.monotonic() - started) * 1000),
             )
-            await asyncio.to_thread(self._persist, inp, text, calls, usage)
+            await self._in_db(self._persist, inp, text, calls, usage, buffer, attempt)
             return ModelTurnResult(
                 message_id=inp.assistant_message_id,
                 preview=text[:PREVIEW_CHARS],
+                preview_is_full=len(text) <= PREVIEW_CHARS,
                 tool_calls=calls,
                 usage=usage,
             )

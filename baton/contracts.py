@@ -232,6 +232,7 @@ class ModelTurnResult(BaseModel):
 
     message_id: str
     preview: str = ""
+    preview_is_full: bool = Field(default=False, description="The preview is the whole text.")
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
 
@@ -277,6 +278,7 @@ class TurnOutcome(BaseModel):
 
     message_id: str
     preview: str = ""
+    preview_is_full: bool = False
     usage: Usage = Field(default_factory=Usage)
 
 

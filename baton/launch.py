@@ -80,6 +80,15 @@ def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError
     return TurnFailed(message, session_id=session_id)
 
 
+async def reply_text(engine: Engine, outcome: TurnOutcome | None) -> str | None:
+    """The final reply's text: the preview when it is whole, else read from the DB."""
+    if outcome is None:
+        return None
+    if outcome.preview_is_full:
+        return outcome.preview
+    return await asyncio.to_thread(final_text, engine, outcome.message_id)
+
+
 def final_text(engine: Engine, message_id: str) -> str:
     """Full text of a stored message (claim-check: history holds only its id)."""
     with session_scope(engine) as s:
@@ -156,7 +165,7 @@ async def launch_session(
         raise EngineUnavailable(
             f"Temporal refused to start the session: {exc.message}{hint}"
         ) from exc
-    response = await asyncio.to_thread(final_text, engine, outcome.message_id) if outcome else None
+    response = await reply_text(engine, outcome)
     return Launched(session_id, slug, version, outcome, response)
 
 
@@ -214,7 +223,7 @@ async def send_message(
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise SessionClosed(f"session '{session_id}' is no longer running") from exc
         raise EngineUnavailable(f"Temporal refused the message: {exc.message}") from exc
-    text = await asyncio.to_thread(final_text, engine, outcome.message_id) if outcome else None
+    text = await reply_text(engine, outcome)
     return outcome, text
 
 

@@ -31,7 +31,7 @@ from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import init_db, make_engine
 from baton.settings import Settings
 from worker.factory import build_worker
-from worker.stack import ServicesThread
+from worker.stack import DEV_SERVER_TUNING, ServicesThread
 
 
 def free_port() -> int:
@@ -159,6 +159,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         search_attributes=list(SEARCH_ATTRIBUTES),
         data_converter=pydantic_data_converter,
         dev_server_log_level="error",
+        dev_server_extra_args=DEV_SERVER_TUNING,
     )
     try:
         yield env

@@ -1,7 +1,7 @@
 """Record representative SessionWorkflow histories for the replay test.
 
 Run from the repo root when a workflow change is *meant* to change commands
-(and gate it with ``workflow.patched``): ``.venv/bin/python -m tests.record_histories``.
+(and gate it with ``workflow.patched``): ``.venv/bin/python -m tests.record_histories TAG``.
 Existing files are kept, so histories from older code stay in the suite.
 """
 
@@ -14,7 +14,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -26,13 +26,22 @@ from tests.helpers import TEST_CONFIG, launch, publish
 from worker.factory import build_worker
 
 HERE = Path(__file__).parent / "histories"
+#: Names this recording: bump it when the workflow's commands change (with a patch),
+#: so the older histories stay and keep proving that in-flight runs still replay.
+TAG = sys.argv[1] if len(sys.argv) > 1 else "v2"
 
 
 async def save(client: Client, session_id: str, name: str) -> None:
-    """Write every run of ``session_id`` as ``<name>-run<N>.json`` (unless present)."""
+    """Write every run of ``session_id`` as ``<name>-<TAG>-run<N>.json`` (unless present).
+
+    An open run is terminated first: a history that stops mid-task cannot be replayed.
+    """
+    handle = client.get_workflow_handle(session_id)
+    if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+        await handle.terminate("recorded for the replay suite")
     runs = [w async for w in client.list_workflows(f"WorkflowId = '{session_id}'")]
     for n, run in enumerate(sorted(runs, key=lambda r: r.start_time), start=1):
-        path = HERE / f"{name}-run{n}.json"
+        path = HERE / f"{name}-{TAG}-run{n}.json"
         if path.exists():
             print(f"kept {path.name}")
             continue

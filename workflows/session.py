@@ -44,6 +44,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.options import MODEL_RETRY, STORE_RETRY, STORE_TIMEOUT, TOOL_TIMEOUT
 
 
+#: Patch ids (workflow.patched): each gates a command change for runs already in flight.
+PATCH_COARSE_STATUS = "coarse-status-search-attribute"
+
+
 @workflow.defn(name="Session")
 class SessionWorkflow:
     """A durable conversation. Input: :class:`SessionInput`; result: the final status."""
@@ -139,12 +143,25 @@ class SessionWorkflow:
             )
 
     def _set_status(self, status: SessionStatus) -> None:
-        if status != self._status:
-            self._status = status
-            # Upsert only where the starter set Baton's attributes (so they are registered):
-            # an unregistered attribute would fail every workflow task and wedge the session.
-            if workflow.info().typed_search_attributes.get(SA_AGENT) is not None:
-                workflow.upsert_search_attributes([SA_STATUS.value_set(status)])
+        if status == self._status:
+            return
+        self._status = status
+        attrs = workflow.info().typed_search_attributes
+        # Upsert only where the starter set Baton's attributes (so they are registered):
+        # an unregistered attribute would fail every workflow task and wedge the session.
+        if attrs.get(SA_AGENT) is None:
+            return
+        if not workflow.patched(PATCH_COARSE_STATUS):
+            # Runs started before the patch upserted every change; replay must match.
+            workflow.upsert_search_attributes([SA_STATUS.value_set(status)])
+            return
+        # BatonStatus is coarse on purpose: "running" while the session is open, and
+        # awaiting_input / cancelled when an operator must act or it ended. Flipping it
+        # running <-> idle on every turn cost two visibility writes per turn (bench/);
+        # the exact state is the `status` Query and the sessions table.
+        searchable = "running" if status == "idle" else status
+        if attrs.get(SA_STATUS) != searchable:
+            workflow.upsert_search_attributes([SA_STATUS.value_set(searchable)])
 
     async def _answer(self, msg: UserMessage) -> TurnOutcome:
         self._busy = True
@@ -176,7 +193,10 @@ class SessionWorkflow:
             usage = usage + result.usage
             if not result.tool_calls:
                 return TurnOutcome(
-                    message_id=result.message_id, preview=result.preview, usage=usage
+                    message_id=result.message_id,
+                    preview=result.preview,
+                    preview_is_full=result.preview_is_full,
+                    usage=usage,
                 )
             # Several tool calls in one model response run in parallel.
             await asyncio.gather(
