@@ -54,6 +54,7 @@ from baton.contracts import (
 from baton.db import MessageRow, session_scope
 from baton.errors import BatonError
 from baton.models import build_model, model_name
+from baton.sessions import HistoryItem
 from baton.tools import ToolError, offered_tools, run_tool
 
 PREVIEW_CHARS = 200
@@ -64,7 +65,7 @@ CHUNK_FLUSH_S = 0.1
 RETRYABLE_HTTP = frozenset({408, 409, 425, 429})
 
 
-def to_model_messages(system_prompt: str, history: list[MessageRow]) -> list[ModelMessage]:
+def to_model_messages(system_prompt: str, history: list[HistoryItem]) -> list[ModelMessage]:
     """Rebuild the pydantic-ai conversation from stored messages.
 
     The system prompt is the first part of the first request. Tool calls left
@@ -233,7 +234,7 @@ class SessionActivities:
                 if len(self._agents) >= AGENT_CACHE_SIZE:
                     self._agents.pop(next(iter(self._agents)))
                 self._agents[inp.session_id] = agent
-            return None, agent, sessions.messages(s, session_id=inp.session_id)
+            return None, agent, sessions.history(s, session_id=inp.session_id)
 
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
         with session_scope(self._engine) as s:

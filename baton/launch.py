@@ -201,7 +201,8 @@ async def send_message(
         with session_scope(engine) as s:
             sessions.set_status(s, session_id=session_id, status="idle")
 
-    marked = await asyncio.to_thread(mark_running)
+    # A sync caller waits for the reply itself: no SSE race to close, so skip the write.
+    marked = False if sync else await asyncio.to_thread(mark_running)
     handle = client.get_workflow_handle(session_id)
     try:
         update = await handle.start_update(

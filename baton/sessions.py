@@ -9,11 +9,13 @@ in the same transaction as its ``message`` event.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from baton.contracts import Provenance, SessionStatus, Usage
@@ -279,6 +281,38 @@ def messages(session: Session, *, session_id: str) -> list[MessageRow]:
             .order_by(col(MessageRow.position))
         ).all()
     )
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """The columns a model call needs from one stored message."""
+
+    role: str
+    text: str
+    tool_name: str | None
+    tool_call_id: str | None
+    tool_calls: list[dict[str, Any]] | None
+    is_error: bool
+
+
+def history(session: Session, *, session_id: str) -> list[HistoryItem]:
+    """The conversation for a model call, in order: only the needed columns.
+
+    Loaded on every model call, so it skips ORM objects and unused JSON columns.
+    """
+    rows = session.execute(
+        sa_select(
+            col(MessageRow.role),
+            col(MessageRow.text),
+            col(MessageRow.tool_name),
+            col(MessageRow.tool_call_id),
+            col(MessageRow.tool_calls),
+            col(MessageRow.is_error),
+        )
+        .where(col(MessageRow.session_id) == session_id)
+        .order_by(col(MessageRow.position))
+    ).all()
+    return [HistoryItem(*row) for row in rows]
 
 
 def transcript(session: Session, *, session_id: str) -> Transcript:
