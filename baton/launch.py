@@ -156,6 +156,10 @@ async def launch_session(
     except WorkflowUpdateFailedError as exc:
         raise _update_error(exc, session_id) from exc
     except RPCError as exc:
+        if await _started(client, session_id):
+            # The workflow exists (it ended before answering, e.g. its agent vanished):
+            # keep the row, the transcript says what happened.
+            raise TurnFailed(f"the session ended: {exc.message}", session_id=session_id) from exc
         await asyncio.to_thread(_forget, engine, session_id)
         hint = (
             " (run `baton setup` to register search attributes)"
@@ -167,6 +171,14 @@ async def launch_session(
         ) from exc
     response = await reply_text(engine, outcome)
     return Launched(session_id, slug, version, outcome, response)
+
+
+async def _started(client: Client, session_id: str) -> bool:
+    try:
+        await client.get_workflow_handle(session_id).describe()
+    except RPCError:
+        return False
+    return True
 
 
 def _forget(engine: Engine, session_id: str) -> None:

@@ -54,6 +54,18 @@ _OPS: dict[type, Callable[..., Any]] = {
 }
 
 
+#: Largest integer result (bits): chained powers would otherwise eat CPU and memory.
+MAX_INT_BITS = 4096
+
+
+def _bounded(value: Any) -> float | int:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ToolError(f"result too large (more than {MAX_INT_BITS} bits)")
+    if isinstance(value, complex):
+        raise ToolError("complex results are not supported")
+    return value  # type: ignore[no-any-return]
+
+
 def _eval(node: ast.AST) -> float | int:
     if isinstance(node, ast.Expression):
         return _eval(node.body)
@@ -63,9 +75,9 @@ def _eval(node: ast.AST) -> float | int:
         left, right = _eval(node.left), _eval(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > 64:
             raise ToolError("exponent too large (at most 64)")
-        return _OPS[type(node.op)](left, right)  # type: ignore[no-any-return]
+        return _bounded(_OPS[type(node.op)](left, right))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.operand))  # type: ignore[no-any-return]
+        return _bounded(_OPS[type(node.op)](_eval(node.operand)))
     raise ToolError("only numbers, + - * / // % ** and parentheses are allowed")
 
 
