@@ -35,6 +35,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.tools import ToolDefinition
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -236,14 +237,14 @@ class SessionActivities:
                 self._agents[inp.session_id] = agent
             return None, agent, sessions.history(s, session_id=inp.session_id)
 
+    @staticmethod
+    def _chunk_event(s: Session, inp: ModelTurnInput, text: str, attempt: int) -> None:
+        data = {"message_id": inp.assistant_message_id, "text": text, "attempt": attempt}
+        sessions.append_event(s, session_id=inp.session_id, type="chunk", data=data)
+
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
         with session_scope(self._engine) as s:
-            sessions.append_event(
-                s,
-                session_id=inp.session_id,
-                type="chunk",
-                data={"message_id": inp.assistant_message_id, "text": text, "attempt": attempt},
-            )
+            self._chunk_event(s, inp, text, attempt)
 
     def _persist(
         self,
@@ -257,16 +258,7 @@ class SessionActivities:
         """Store the reply (and the stream's last chunk) in one transaction."""
         with session_scope(self._engine) as s:
             if last_chunk:
-                sessions.append_event(
-                    s,
-                    session_id=inp.session_id,
-                    type="chunk",
-                    data={
-                        "message_id": inp.assistant_message_id,
-                        "text": last_chunk,
-                        "attempt": attempt,
-                    },
-                )
+                self._chunk_event(s, inp, last_chunk, attempt)
             sessions.add_message(
                 s,
                 message_id=inp.assistant_message_id,

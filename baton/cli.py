@@ -19,6 +19,7 @@ from rich.tree import Tree
 
 from baton.contracts import ResolvedAgent, ResolvedNode
 from baton.errors import BatonError
+from baton.settings import Settings
 
 app = typer.Typer(
     name="baton",
@@ -170,6 +171,26 @@ def show(
         console.print(render_resolved(resolved))
 
 
+@contextlib.contextmanager
+def embedded_temporal(
+    settings: Settings, *, port: int, ui_port: int, db_file: Path | None
+) -> Iterator[Settings]:
+    """Run a Temporal dev server; yields ``settings`` pointed at it, stops it on exit."""
+    from worker.stack import DevServer
+
+    server = DevServer(
+        port=port, ui_port=ui_port, db_file=db_file, log_file=STATE_DIR / "temporal.log"
+    )
+    with console.status("Starting the Temporal dev server …"):
+        server.start()
+    try:
+        yield settings.model_copy(
+            update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
+        )
+    finally:
+        server.stop()
+
+
 def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop)`` on a fresh loop; Ctrl-C / SIGTERM set ``stop`` for a clean exit."""
 
@@ -221,30 +242,19 @@ def dev(
 ) -> None:
     """The whole embedded stack: Temporal dev server, worker and API, until Ctrl-C."""
     from baton.settings import get_settings
-    from worker.stack import DevServer, run_services
+    from worker.stack import run_services
 
     with _errors():
         settings = get_settings()
-    server = DevServer(
-        port=temporal_port,
-        ui_port=ui_port,
-        db_file=STATE_DIR / "temporal.db",
-        log_file=STATE_DIR / "temporal.log",
-    )
-    with console.status("Starting the Temporal dev server …"):
-        server.start()
-    try:
-        cfg = settings.model_copy(
-            update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
-        )
+    with embedded_temporal(
+        settings, port=temporal_port, ui_port=ui_port, db_file=STATE_DIR / "temporal.db"
+    ) as cfg:
         console.print(
             f"[bold green]Baton is up[/]  API http://127.0.0.1:{port}  "
-            f"Temporal UI {server.ui_url}  (Ctrl-C to stop)"
+            f"Temporal UI {cfg.temporal_ui_url}  (Ctrl-C to stop)"
         )
         _run_until_signal(lambda stop: run_services(cfg, stop=stop, api_port=port))
-    finally:
-        server.stop()
-        console.print("stopped")
+    console.print("stopped")
 
 
 def follow(http: httpx.Client, session_id: str, after: int = 0) -> int:
@@ -342,7 +352,7 @@ def demo(
 ) -> None:
     """The main job end to end on the embedded stack: apply, launch, stream, transcript."""
     from baton.settings import get_settings
-    from worker.stack import DevServer, ServicesThread, pick_port
+    from worker.stack import ServicesThread, pick_port
 
     with _errors():
         settings = get_settings()
@@ -350,18 +360,9 @@ def demo(
     temporal_port = pick_port(7233)
     # Share the persistent state file only when we own the default port (no other server).
     db_file = STATE_DIR / "temporal.db" if temporal_port == 7233 else None
-    server = DevServer(
-        port=temporal_port,
-        ui_port=pick_port(8233),
-        db_file=db_file,
-        log_file=STATE_DIR / "temporal.log",
-    )
-    with console.status("Starting the Temporal dev server …"):
-        server.start()
-    try:
-        cfg = settings.model_copy(
-            update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
-        )
+    with embedded_temporal(
+        settings, port=temporal_port, ui_port=pick_port(8233), db_file=db_file
+    ) as cfg:
         services = ServicesThread(cfg, api_port=pick_port(8000))
         with console.status("Starting the worker and the API …"):
             services.start()
@@ -387,8 +388,6 @@ def demo(
                     console.print("[dim]`baton dev` serves this history again from .baton/[/]")
         finally:
             services.stop()
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":
