@@ -242,9 +242,16 @@ class SessionActivities:
         data = {"message_id": inp.assistant_message_id, "text": text, "attempt": attempt}
         sessions.append_event(s, session_id=inp.session_id, type="chunk", data=data)
 
+    @staticmethod
+    def _cancelled(s: Session, session_id: str) -> bool:
+        # A cancel reaches a running activity only with its next heartbeat (up to 0.8 x
+        # the heartbeat timeout later): until then, write nothing for a cancelled session.
+        return sessions.get_session(s, session_id=session_id).status == "cancelled"
+
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
         with session_scope(self._engine) as s:
-            self._chunk_event(s, inp, text, attempt)
+            if not self._cancelled(s, inp.session_id):
+                self._chunk_event(s, inp, text, attempt)
 
     def _persist(
         self,
@@ -257,6 +264,8 @@ class SessionActivities:
     ) -> None:
         """Store the reply (and the stream's last chunk) in one transaction."""
         with session_scope(self._engine) as s:
+            if self._cancelled(s, inp.session_id):
+                return
             if last_chunk:
                 self._chunk_event(s, inp, last_chunk, attempt)
             sessions.add_message(

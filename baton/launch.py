@@ -224,7 +224,11 @@ async def send_message(
             id=f"{session_id}:message-{uuid.uuid4()}",
             result_type=TurnOutcome,
         )
-        outcome = await update.result() if sync else None
+        # A validator rejection (busy, closed, blank) comes back with the acceptance
+        # response as an already-known outcome; reading it raises it. Without this an
+        # async message sent during a turn would be answered 200 and silently dropped.
+        settled = getattr(update, "_known_outcome", None) is not None
+        outcome = await update.result() if sync or settled else None
     except WorkflowUpdateFailedError as exc:
         error = _update_error(exc, session_id)
         if marked and not isinstance(error, TurnFailed):

@@ -108,8 +108,9 @@ def test_second_turn_busy_and_cancel(live_api: httpx.Client) -> None:
     sid = live_api.post("/v1/sessions", json={"agent": "slowpoke", "prompt": "go"}).json()[
         "session_id"
     ]
-    busy = live_api.post(f"/v1/sessions/{sid}/messages", json={"prompt": "hurry", "sync": True})
-    assert_problem(busy, 409, "session_busy")
+    for sync in (True, False):
+        busy = live_api.post(f"/v1/sessions/{sid}/messages", json={"prompt": "hurry", "sync": sync})
+        assert_problem(busy, 409, "session_busy")
     cancelled = live_api.post(f"/v1/sessions/{sid}/cancel")
     assert cancelled.status_code == 202
     wait_status(live_api, sid, "cancelled")
@@ -157,3 +158,31 @@ def test_bad_session_input_is_4xx(live_api: httpx.Client) -> None:
         "session_not_found",
     )
     assert_problem(live_api.get("/v1/sessions/not-a-session/transcript"), 422, "validation_error")
+
+
+def test_cancel_mid_turn_stops_the_turn(live_api: httpx.Client) -> None:
+    """Cancelling while the model streams runs no tool afterwards; `cancelled` is the last event."""
+    agent(
+        live_api,
+        "toolish",
+        tools=["calculator"],
+        playbook=[
+            {"when": "calculator:", "reply": "done"},
+            {
+                "reply": "a b c d e f g h i j",
+                "chunk_delay_ms": 150,
+                "tool_calls": [{"tool": "calculator", "args": {"expression": "1+1"}}],
+            },
+        ],
+    )
+    sid = live_api.post("/v1/sessions", json={"agent": "toolish", "prompt": "go"}).json()[
+        "session_id"
+    ]
+    time.sleep(0.5)
+    assert live_api.post(f"/v1/sessions/{sid}/cancel").status_code == 202
+    events = sse(live_api, f"/v1/sessions/{sid}/events?until=idle")
+    assert events[-1]["event"] == "status" and events[-1]["data"]["status"] == "cancelled"
+    time.sleep(1.0)  # nothing may land after the cancel
+    roles = [m["role"] for m in live_api.get(f"/v1/sessions/{sid}/transcript").json()["messages"]]
+    assert roles == ["user"]
+    assert sse(live_api, f"/v1/sessions/{sid}/events?until=idle")[-1]["id"] == events[-1]["id"]

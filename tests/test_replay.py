@@ -17,7 +17,8 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 def test_histories_are_checked_in() -> None:
     """The replay suite has histories to replay (tool loop, continue-as-new, cancel, failure)."""
     names = {p.name.rsplit("-run", 1)[0] for p in HISTORIES}
-    for tag in ("v1", "v2"):  # v1: before the coarse-status patch, v2: after it
+    # v1: before the coarse-status patch; v2: after it; v3: after the cancel-turn patch
+    for tag in ("v1", "v2", "v3"):
         expected = {f"{kind}-{tag}" for kind in ("tool-loop", "continue-as-new", "cancelled")}
         assert expected | {f"failed-turn-{tag}"} <= names
 

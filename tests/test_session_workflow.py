@@ -149,3 +149,27 @@ async def wait_for_runs(env: WorkflowEnvironment, workflow_id: str, runs: int) -
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"expected {runs} runs of {workflow_id}")
+
+
+async def test_cancel_marks_the_search_attribute_and_closes(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A cancelled session shows BatonStatus=cancelled and refuses async messages too."""
+    from baton.contracts import SA_STATUS
+    from baton.errors import SessionClosed
+
+    publish(db_engine, "slow", playbook=[{"reply": "w " * 40, "chunk_delay_ms": 100}])
+    launched = await launch(temporal_env.client, db_engine, worker, "slow", "go", sync=False)
+    with pytest.raises(SessionBusy):
+        await launching.send_message(
+            temporal_env.client, db_engine, session_id=launched.session_id, prompt="x", sync=False
+        )
+    await launching.cancel_session(temporal_env.client, db_engine, session_id=launched.session_id)
+    await wait_for(lambda: status(db_engine, launched.session_id) == "cancelled")
+    handle = temporal_env.client.get_workflow_handle(launched.session_id)
+    described = await handle.describe()
+    assert described.typed_search_attributes.get(SA_STATUS) == "cancelled"
+    with pytest.raises(SessionClosed):
+        await launching.send_message(
+            temporal_env.client, db_engine, session_id=launched.session_id, prompt="x", sync=False
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -46,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
 
 #: Patch ids (workflow.patched): each gates a command change for runs already in flight.
 PATCH_COARSE_STATUS = "coarse-status-search-attribute"
+PATCH_CANCEL_TURN = "cancel-cancels-running-turn"
 
 
 @workflow.defn(name="Session")
@@ -60,6 +62,7 @@ class SessionWorkflow:
         self._busy = False
         self._closed = False
         self._status: SessionStatus = "idle"
+        self._turn_task: asyncio.Task[Any] | None = None
 
     @workflow.run
     async def run(self, inp: SessionInput) -> str:
@@ -80,6 +83,14 @@ class SessionWorkflow:
             await workflow.wait_condition(lambda: self._should_continue_as_new() and not self._busy)
         except asyncio.CancelledError:
             self._closed = True
+            if workflow.patched(PATCH_CANCEL_TURN):
+                # Cancel the Update's running turn too (handlers are separate tasks), so no
+                # model call or tool runs after the cancel and `cancelled` is the last event.
+                turn = self._turn_task
+                if turn is not None and not turn.done():
+                    turn.cancel()
+                await workflow.wait_condition(lambda: not self._busy)
+                self._set_status("cancelled")
             await workflow.execute_activity_method(
                 SessionActivities.set_status,
                 StatusChange(session_id=inp.session_id, status="cancelled"),
@@ -164,6 +175,7 @@ class SessionWorkflow:
             workflow.upsert_search_attributes([SA_STATUS.value_set(searchable)])
 
     async def _answer(self, msg: UserMessage) -> TurnOutcome:
+        self._turn_task = asyncio.current_task()
         self._busy = True
         self._set_status("running")
         try:
@@ -185,6 +197,8 @@ class SessionWorkflow:
             try:
                 result = await self._model_turn(agent, turn, step, user)
             except ActivityError as err:
+                if self._closed:  # cancelled by the session's cancel: nothing to record
+                    raise
                 await self._fail(f"{prefix}:s{step}:error", position(turn, step, 3), err)
                 raise ApplicationError(
                     f"turn {turn} failed: {_cause(err)}", type="turn_failed", non_retryable=True
