@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -69,12 +70,12 @@ def _errors() -> Iterator[None]:
         raise _fail(mapped) from exc
 
 
-def _apply(path: Path) -> None:
+def _apply(path: Path, settings: Settings | None = None) -> None:
     from baton.apply import apply_agents, load_apply_file
     from baton.db import init_db, make_engine, session_scope
     from baton.settings import get_settings
 
-    settings = get_settings()
+    settings = settings or get_settings()
     with console.status(f"Applying {path} to {settings.database_url_redacted} …"):
         doc = load_apply_file(path)
         engine = make_engine(settings.database_url)
@@ -182,7 +183,11 @@ def embedded_temporal(
         port=port, ui_port=ui_port, db_file=db_file, log_file=STATE_DIR / "temporal.log"
     )
     with console.status("Starting the Temporal dev server …"):
-        server.start()
+        try:
+            server.start()
+        except (RuntimeError, FileNotFoundError) as exc:
+            err_console.print(f"[bold red]error[/] {escape(str(exc))}")
+            raise typer.Exit(1) from exc
     try:
         yield settings.model_copy(
             update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
@@ -242,10 +247,20 @@ def dev(
 ) -> None:
     """The whole embedded stack: Temporal dev server, worker and API, until Ctrl-C."""
     from baton.settings import get_settings
-    from worker.stack import run_services
+    from worker.stack import StateLock, port_free, run_services
 
     with _errors():
         settings = get_settings()
+    lock = StateLock(STATE_DIR)
+    if not lock.acquire():
+        err_console.print(
+            f"[bold red]error[/] another `baton dev` or `baton demo` is using {STATE_DIR}/ "
+            "(stop it, or run from another folder)"
+        )
+        raise typer.Exit(1)
+    if not port_free(port):
+        err_console.print(f"[bold red]error[/] API port {port} is already in use (--port)")
+        raise typer.Exit(1)
     with embedded_temporal(
         settings, port=temporal_port, ui_port=ui_port, db_file=STATE_DIR / "temporal.db"
     ) as cfg:
@@ -254,15 +269,18 @@ def dev(
             f"Temporal UI {cfg.temporal_ui_url}  (Ctrl-C to stop)"
         )
         _run_until_signal(lambda stop: run_services(cfg, stop=stop, api_port=port))
+    lock.release()
     console.print("stopped")
 
 
-def follow(http: httpx.Client, session_id: str, after: int = 0) -> int:
+def follow(http: httpx.Client, session_id: str, after: int = 0) -> tuple[int, bool]:
     """Print a session's events until it is idle: streamed text, tool calls, status.
 
-    Returns the last event id (to resume the next turn from).
+    Returns the last event id (to resume the next turn from) and whether the turn
+    ended in an error.
     """
     last = after
+    failed = False
     streaming: set[str] = set()
     headers = {"Last-Event-ID": str(after)}
     with http.stream(
@@ -293,10 +311,11 @@ def follow(http: httpx.Client, session_id: str, after: int = 0) -> int:
             elif kind == "message" and data["role"] == "tool":
                 console.print(f"  [cyan]← {data['tool_name']}[/]: {escape(data['text'])}")
             elif kind == "message" and data["role"] == "error":
+                failed = True
                 console.print(f"  [red]error[/]: {escape(data['text'])}")
             elif kind == "status":
                 console.print(f"[dim]· {data['status']}[/]")
-    return last
+    return last, failed
 
 
 def print_transcript(http: httpx.Client, session_id: str) -> None:
@@ -331,14 +350,15 @@ def run(
             raise typer.Exit(1) from exc
         if resp.status_code >= 400:
             body = resp.json()
-            err_console.print(
-                f"[bold red]error[/] [{body.get('code')}]: {escape(body.get('detail', ''))}"
-            )
+            problem = f"[{body.get('code')}]: {body.get('detail', '')}"
+            err_console.print(f"[bold red]error[/] {escape(problem)}")
             raise typer.Exit(1)
         session = resp.json()
         console.print(f"[dim]{session['session_id']} · {session['agent']}@{session['version']}[/]")
-        follow(http, session["session_id"])
+        _, failed = follow(http, session["session_id"])
         console.print(f"[dim]{session['workflow_url']}[/]", soft_wrap=True)
+        if failed:
+            raise typer.Exit(1)
 
 
 DEMO_PROMPT = "Research question: what is 17 * 23, and is the result prime?"
@@ -352,16 +372,23 @@ def demo(
 ) -> None:
     """The main job end to end on the embedded stack: apply, launch, stream, transcript."""
     from baton.settings import get_settings
-    from worker.stack import ServicesThread, pick_port
+    from worker.stack import ServicesThread, StateLock, pick_port, port_free
 
     with _errors():
         settings = get_settings()
-        _apply(file)
-    temporal_port = pick_port(7233)
-    # Share the persistent state file only when we own the default port (no other server).
-    db_file = STATE_DIR / "temporal.db" if temporal_port == 7233 else None
+    lock = StateLock(STATE_DIR)
+    owned = lock.acquire() and port_free(7233) and port_free(8233)
+    db_file: Path | None = STATE_DIR / "temporal.db"
+    if not owned:
+        # Another stack owns .baton/: run on a throwaway DB and in-memory Temporal, so
+        # no session row ever points at a workflow that server does not have.
+        scratch = Path(tempfile.mkdtemp(prefix="baton-demo-"))
+        settings = settings.model_copy(update={"database_url": f"sqlite:///{scratch}/baton.db"})
+        db_file = None
+    with _errors():
+        _apply(file, settings)
     with embedded_temporal(
-        settings, port=temporal_port, ui_port=pick_port(8233), db_file=db_file
+        settings, port=pick_port(7233), ui_port=pick_port(8233), db_file=db_file
     ) as cfg:
         services = ServicesThread(cfg, api_port=pick_port(8000))
         with console.status("Starting the worker and the API …"):
@@ -374,7 +401,7 @@ def demo(
                     err_console.print(f"[bold red]error[/] {escape(resp.text)}")
                     raise typer.Exit(1)
                 session = resp.json()
-                follow(http, session["session_id"])
+                _, failed = follow(http, session["session_id"])
                 print_transcript(http, session["session_id"])
                 usage = http.get(f"/v1/sessions/{session['session_id']}").json()
                 console.print(
@@ -383,11 +410,14 @@ def demo(
                 )
                 console.print(f"Temporal UI: {session['workflow_url']}", soft_wrap=True)
                 if db_file is None:
-                    console.print("[dim](in-memory Temporal: port 7233 was taken)[/]")
+                    console.print("[dim](another stack owns .baton/: this demo ran in memory)[/]")
                 else:
                     console.print("[dim]`baton dev` serves this history again from .baton/[/]")
+                if failed:
+                    raise typer.Exit(1)
         finally:
             services.stop()
+    lock.release()
 
 
 if __name__ == "__main__":

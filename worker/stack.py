@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import uvicorn
 
@@ -92,6 +95,11 @@ class DevServer:
         return f"http://localhost:{self.ui_port}"
 
     def start(self) -> None:
+        """Start and wait for the frontend port. Raises RuntimeError (port taken, no start)."""
+        for what, port in (("frontend", self.port), ("Web UI", self.ui_port)):
+            if not port_free(port):
+                msg = f"port {port} (Temporal {what}) is already in use"
+                raise RuntimeError(msg)
         cmd = [
             str(temporal_binary()),
             "server",
@@ -133,6 +141,38 @@ class DevServer:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
+
+
+class StateLock:
+    """An exclusive lock on a state folder (``.baton/``) for one embedded stack.
+
+    Two dev servers on one ``temporal.db`` corrupt each other's view (SQLite busy
+    errors, shared workflows); the second `baton dev` or `make demo` must know.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "stack.lock"
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> bool:
+        """Take the lock; False when another process holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._file = handle
+        return True
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
 
 
 class _QuietServer(uvicorn.Server):
