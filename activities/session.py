@@ -41,6 +41,7 @@ from temporalio.exceptions import ApplicationError
 
 from baton import registry, sessions
 from baton.contracts import (
+    CLOSED_STATUSES,
     LoadAgentInput,
     ModelTurnInput,
     ModelTurnResult,
@@ -246,7 +247,7 @@ class SessionActivities:
     def _cancelled(s: Session, session_id: str) -> bool:
         # A cancel reaches a running activity only with its next heartbeat (up to 0.8 x
         # the heartbeat timeout later): until then, write nothing for a cancelled session.
-        return sessions.get_session(s, session_id=session_id).status == "cancelled"
+        return sessions.get_session(s, session_id=session_id).status in CLOSED_STATUSES
 
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
         with session_scope(self._engine) as s:
@@ -391,7 +392,7 @@ class SessionActivities:
 
     @activity.defn(name="record_failure")
     def record_failure(self, inp: TurnFailure) -> None:
-        """Store a turn's failure as an ``error`` message and set the session idle."""
+        """Store a turn's failure as an ``error`` message; the session becomes ``final_status``."""
         with session_scope(self._engine) as s:
             sessions.add_message(
                 s,
@@ -403,7 +404,7 @@ class SessionActivities:
                 text=inp.error,
                 is_error=True,
             )
-            sessions.set_status(s, session_id=inp.session_id, status="idle")
+            sessions.set_status(s, session_id=inp.session_id, status=inp.final_status)
 
     @activity.defn(name="set_status")
     def set_status(self, inp: StatusChange) -> None:

@@ -119,7 +119,9 @@ SESSION_CLOSED = "session_closed"
 INVALID_PROMPT = "invalid_prompt"
 
 
-SessionStatus = Literal["running", "idle", "awaiting_input", "cancelled"]
+SessionStatus = Literal["running", "idle", "awaiting_input", "cancelled", "failed"]
+#: Statuses a session never leaves.
+CLOSED_STATUSES = ("cancelled", "failed")
 
 
 class Provenance(BaseModel):
@@ -264,6 +266,9 @@ class TurnFailure(BaseModel):
     message_id: str
     position: str
     error: str
+    final_status: SessionStatus = Field(
+        default="idle", description="`failed` when the session cannot go on at all."
+    )
 
 
 class StatusChange(BaseModel):

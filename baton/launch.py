@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from baton import registry, sessions
 from baton.contracts import (
+    CLOSED_STATUSES,
     INVALID_PROMPT,
     SESSION_BUSY,
     SESSION_CLOSED,
@@ -202,8 +203,8 @@ async def send_message(
         # `until=idle` right after this call never sees the previous turn's idle state.
         with session_scope(engine) as s:
             row = sessions.get_session(s, session_id=session_id)
-            if row.status == "cancelled":
-                raise SessionClosed(f"session '{session_id}' was cancelled")
+            if row.status in CLOSED_STATUSES:
+                raise SessionClosed(f"session '{session_id}' is {row.status}")
             if row.status != "idle":
                 return False
             sessions.set_status(s, session_id=session_id, status="running")
@@ -251,7 +252,7 @@ async def cancel_session(client: Client, engine: Engine, *, session_id: str) -> 
         with session_scope(engine) as s:
             return sessions.get_session(s, session_id=session_id).status
 
-    if await asyncio.to_thread(check) == "cancelled":
+    if await asyncio.to_thread(check) in CLOSED_STATUSES:
         return
     try:
         await client.get_workflow_handle(session_id).cancel()

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -25,7 +27,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, infer_model
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
-from baton.spec import PlaybookRule, pattern_matches
+from baton.spec import MAX_PROMPT_CHARS, PATTERN_TIMEOUT_S, PlaybookRule, pattern_matches
 
 SCRIPTED = "scripted"
 
@@ -66,6 +68,24 @@ def _fill(value: Any, last: str) -> Any:
     return value
 
 
+#: Time all of a playbook's patterns may take for one model call (seconds).
+MATCH_BUDGET_S = 0.25
+#: How much of the last message ``{last_message}`` puts into tool-call arguments.
+MAX_ARG_FILL_CHARS = 2_000
+
+
+def _select(rules: list[PlaybookRule], text: str) -> PlaybookRule | None:
+    """The first rule matching ``text`` within :data:`MATCH_BUDGET_S` in total."""
+    deadline = time.monotonic() + MATCH_BUDGET_S
+    for rule in rules:
+        if rule.when is None:
+            return rule
+        remaining = min(PATTERN_TIMEOUT_S, deadline - time.monotonic())
+        if pattern_matches(rule.when, text, timeout=remaining):
+            return rule
+    return None
+
+
 def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) -> FunctionModel:
     """The offline model: the first playbook rule whose ``when`` matches answers.
 
@@ -78,8 +98,10 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
     async def stream(messages: list[ModelMessage], _info: AgentInfo) -> AsyncIterator[Any]:
         last = last_message_text(messages)
         raw = last_message_text(messages, labelled=False)
-        rule = next((r for r in rules if r.when is None or pattern_matches(r.when, last)), None)
+        # Off the event loop: a slow pattern must not stall the worker's other work.
+        rule = await asyncio.to_thread(_select, rules, last)
         reply = _fill(rule.reply, raw) if rule else f"[{agent_slug}] received: {last[:500]}"
+        reply = (reply or "")[:MAX_PROMPT_CHARS]  # {last_message} may repeat a long message
         delay = (rule.chunk_delay_ms if rule else 0) / 1000
         for word in re.findall(r"\S+\s*", reply or ""):
             if delay:
@@ -90,7 +112,7 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
             calls: DeltaToolCalls = {
                 i: DeltaToolCall(
                     name=call.tool,
-                    json_args=json.dumps(_fill(call.args, raw)),
+                    json_args=json.dumps(_fill(call.args, raw[:MAX_ARG_FILL_CHARS])),
                     tool_call_id=f"call_{step}_{i}",
                 )
                 for i, call in enumerate(rule.tool_calls)
@@ -108,4 +130,8 @@ def build_model(name: str, *, playbook: list[dict[str, Any]] | None, agent_slug:
     """
     if name == SCRIPTED:
         return scripted_model(playbook, agent_slug=agent_slug)
-    return infer_model(name)
+    try:
+        return infer_model(name)
+    except ImportError as exc:  # a provider whose client library is not installed
+        msg = f"model '{name}' needs a provider package that is not installed: {exc}"
+        raise UserError(msg) from exc

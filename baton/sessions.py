@@ -18,7 +18,7 @@ from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from baton.contracts import Provenance, SessionStatus, Usage
+from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
 from baton.db import EventRow, MessageRow, SessionRow, utcnow
 from baton.errors import SessionNotFound
 
@@ -202,6 +202,8 @@ def append_event(session: Session, *, session_id: str, type: str, data: dict[str
 def set_status(session: Session, *, session_id: str, status: SessionStatus) -> None:
     """Record a status change and its ``status`` event."""
     row = get_session(session, session_id=session_id)
+    if row.status in CLOSED_STATUSES:  # terminal: late writers (an abandoned turn) cannot reopen
+        return
     if row.status != status:
         row.status = status
         row.last_activity_at = utcnow()

@@ -12,6 +12,7 @@ aliases) are checked by :func:`check_tree_shape`; bounds that need other agents
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -100,20 +101,45 @@ def _check_json_value(value: Any, depth: int = 0) -> None:
             _check_json_value(item, depth + 1)
 
 
+#: Upper bound on the product of counted repeats (``{n}``, ``{n,m}``) in a pattern:
+#: the `regex` module expands them when compiling, so nested counts can take
+#: gigabytes (``((a{1000}){1000}){3}``).
+MAX_REPEAT_PRODUCT = 10_000
+_COUNTED = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+
+
+def _check_repeats(pattern: str) -> None:
+    product = 1
+    for low, high in _COUNTED.findall(pattern):
+        product *= max(int(low), int(high) if high else 0, 1)
+        if product > MAX_REPEAT_PRODUCT:
+            msg = f"counted repeats multiply past {MAX_REPEAT_PRODUCT}; simplify the pattern"
+            raise ValueError(msg)
+
+
+@functools.lru_cache(maxsize=1024)
 def compile_pattern(pattern: str) -> regex.Pattern[str]:
-    """Compile a playbook ``when`` pattern (case-insensitive). Raises ValueError if invalid."""
+    """Compile a playbook ``when`` pattern (case-insensitive, cached). Raises ValueError."""
+    _check_repeats(pattern)
     try:
         return regex.compile(pattern, regex.IGNORECASE)
     except (regex.error, OverflowError, RecursionError, ValueError) as exc:
         raise ValueError(f"not a valid regular expression: {exc}") from exc
 
 
-def pattern_matches(pattern: str, text: str) -> bool:
-    """Search ``pattern`` in ``text`` with a time limit; a timeout counts as no match."""
+def pattern_matches(pattern: str, text: str, timeout: float = PATTERN_TIMEOUT_S) -> bool:
+    """Search ``pattern`` in ``text`` with a time limit; a timeout counts as no match.
+
+    ``concurrent=True`` lets the match release the GIL, so a slow pattern does
+    not freeze the worker's event loop.
+    """
+    if timeout <= 0:
+        return False
     try:
-        return compile_pattern(pattern).search(text, timeout=PATTERN_TIMEOUT_S) is not None
+        found = compile_pattern(pattern).search(text, timeout=timeout, concurrent=True)
     except (TimeoutError, ValueError):
         return False
+    return found is not None
 
 
 def _refuse_removed(data: Any) -> Any:
@@ -149,7 +175,7 @@ class PlaybookToolCall(_Strict):
         },
     )
 
-    tool: str = Field(min_length=1, max_length=64, examples=["invoke_agent"])
+    tool: SafeText = Field(min_length=1, max_length=64, examples=["invoke_agent"])
     args: dict[str, Any] = Field(default_factory=dict, examples=[{"slug": "writer"}])
 
     @field_validator("args")

@@ -158,6 +158,12 @@ def test_bad_session_input_is_4xx(live_api: httpx.Client) -> None:
         "session_not_found",
     )
     assert_problem(live_api.get("/v1/sessions/not-a-session/transcript"), 422, "validation_error")
+    sid = live_api.post("/v1/sessions", json={"agent": "helper2", "prompt": "x"})
+    assert sid.status_code == 404  # unknown agent: nothing started
+    huge = {"Last-Event-ID": str(2**63)}
+    assert_problem(
+        live_api.get(f"/v1/sessions/{unknown}/events", headers=huge), 422, "validation_error"
+    )
 
 
 def test_cancel_mid_turn_stops_the_turn(live_api: httpx.Client) -> None:

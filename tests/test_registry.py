@@ -392,3 +392,17 @@ def test_concurrent_writers_never_leave_a_broken_live_graph(engine: Engine) -> N
         ra_retired = registry.get_agent(s, slug="ra").retired
         rb_live = live(s, "rb")
         assert not (ra_retired and rb_live is not None)
+
+
+def test_closed_session_status_is_terminal(session: Session) -> None:
+    """Once cancelled (or failed), a late status write cannot reopen a session."""
+    from baton import sessions as store
+    from baton.contracts import Provenance
+
+    put(session, "a", system_prompt="x")
+    store.create_session(
+        session, session_id="s1", agent_slug="a", agent_version=1, provenance=Provenance(), name="n"
+    )
+    store.set_status(session, session_id="s1", status="cancelled")
+    store.set_status(session, session_id="s1", status="idle")
+    assert store.get_session(session, session_id="s1").status == "cancelled"

@@ -151,6 +151,8 @@ def test_playbook_rule_needs_an_answer_and_a_valid_pattern() -> None:
         {"playbook": [{"reply": "r", "tool_calls": [{"tool": "t", "args": {"x": float("nan")}}]}]},
         {"playbook": [{"when": "a{4294967296}", "reply": "r"}]},
         {"playbook": [{"when": "(" * 1000 + ")" * 1000, "reply": "r"}]},
+        {"playbook": [{"when": "((a{1000}){1000}){3}", "reply": "r"}]},
+        {"playbook": [{"reply": "r", "tool_calls": [{"tool": "bad\x00name"}]}]},
         {"limits": {"max_spawns": 10**300}},
         {"tools": ["t"] * 257},
     ],

@@ -48,14 +48,18 @@ async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 class FakeActivities:
     """Stand-ins registered under the real activity names (the model is outside our control)."""
 
-    def __init__(self, fail_times: int, non_retryable: bool = False) -> None:
+    def __init__(self, fail_times: int, non_retryable: bool = False, load_fails: bool = False):
         self.fail_times = fail_times
         self.non_retryable = non_retryable
+        self.load_fails = load_fails
         self.model_attempts = 0
         self.failures: list[str] = []
+        self.final_statuses: list[str] = []
 
     @activity.defn(name="load_agent")
     async def load_agent(self, inp: LoadAgentInput) -> ResolvedAgent:
+        if self.load_fails:
+            raise ApplicationError("bot@1 cannot run", type="agent_unavailable", non_retryable=True)
         return ResolvedAgent(slug="bot", version=1, digest="sha256:x")
 
     @activity.defn(name="model_turn")
@@ -76,6 +80,7 @@ class FakeActivities:
     @activity.defn(name="record_failure")
     async def record_failure(self, inp: TurnFailure) -> None:
         self.failures.append(inp.error)
+        self.final_statuses.append(inp.final_status)
 
     @activity.defn(name="set_status")
     async def set_status(self, inp: StatusChange) -> None:
@@ -158,4 +163,15 @@ async def test_first_message_in_input_is_answered(
         assert fakes.model_attempts == turns
     finally:
         await handle.terminate()
+        await worker.__aexit__(None, None, None)
+
+
+async def test_unloadable_pin_fails_the_session_for_good(skipping_env: WorkflowEnvironment) -> None:
+    """A pin that no longer resolves ends the session as `failed` (closed), not idle."""
+    fakes = FakeActivities(fail_times=0, load_fails=True)
+    handle, worker = await run_session(skipping_env, fakes)
+    try:
+        assert await handle.result() == "failed"
+        assert fakes.final_statuses == ["failed"] and fakes.model_attempts == 0
+    finally:
         await worker.__aexit__(None, None, None)

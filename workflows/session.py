@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
 #: Patch ids (workflow.patched): each gates a command change for runs already in flight.
 PATCH_COARSE_STATUS = "coarse-status-search-attribute"
 PATCH_CANCEL_TURN = "cancel-cancels-running-turn"
+PATCH_LOAD_FAILED = "unloadable-pin-fails-session"
 
 
 @workflow.defn(name="Session")
@@ -102,7 +103,8 @@ class SessionWorkflow:
         except ActivityError as err:
             # The pin no longer resolves (retired/deleted since launch): end the session.
             self._closed = True
-            await self._fail(self._inp.session_id + ":load", "000000.000.3000", err)
+            final: SessionStatus = "failed" if workflow.patched(PATCH_LOAD_FAILED) else "idle"
+            await self._fail(self._inp.session_id + ":load", "000000.000.3000", err, final)
             return "failed"
         # 👉 Let in-flight handlers finish so no Update is lost across continue-as-new.
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -267,10 +269,14 @@ class SessionWorkflow:
             summary=f"{call.name} · turn {turn}",
         )
 
-    async def _fail(self, message_id: str, pos: str, err: ActivityError) -> None:
-        await self._fail_text(message_id, pos, _cause(err))
+    async def _fail(
+        self, message_id: str, pos: str, err: ActivityError, final: SessionStatus = "idle"
+    ) -> None:
+        await self._fail_text(message_id, pos, _cause(err), final)
 
-    async def _fail_text(self, message_id: str, pos: str, error: str) -> None:
+    async def _fail_text(
+        self, message_id: str, pos: str, error: str, final: SessionStatus = "idle"
+    ) -> None:
         await workflow.execute_activity_method(
             SessionActivities.record_failure,
             TurnFailure(
@@ -279,6 +285,7 @@ class SessionWorkflow:
                 message_id=message_id,
                 position=pos,
                 error=error,
+                final_status=final,
             ),
             start_to_close_timeout=STORE_TIMEOUT,
             retry_policy=STORE_RETRY,

@@ -24,8 +24,10 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 SessionIdPath = Annotated[str, Path(pattern=r"^session-[0-9a-f-]{36}$", examples=["session-0b6c…"])]
 POLL_S = 0.2
+#: Event ids are 64-bit integers in every backend.
+MAX_EVENT_ID = 2**62
 #: Statuses that end an ``until=idle`` stream.
-CLOSING = ("idle", "cancelled")
+CLOSING = ("idle", "cancelled", "failed")
 
 
 def _prompt(value: str) -> str:
@@ -107,7 +109,7 @@ class CancelAccepted(BaseModel):
     )
 
     session_id: str
-    status: Literal["cancelling", "cancelled"]
+    status: Literal["cancelling", "cancelled", "failed"]
 
 
 def _status(engine: Engine, session_id: str) -> str:
@@ -219,8 +221,12 @@ async def stream_events(
     session_id: SessionIdPath,
     request: Request,
     engine: EngineDep,
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
-    after: Annotated[int | None, Query(ge=0, description="Same as Last-Event-ID.")] = None,
+    last_event_id: Annotated[
+        int | None, Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)
+    ] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_EVENT_ID, description="Same as Last-Event-ID.")
+    ] = None,
     until: Annotated[
         Literal["idle"] | None,
         Query(description="`idle`: close once the session is idle (or cancelled)."),
@@ -247,11 +253,7 @@ async def stream_events(
             for event_id, kind, data in rows:
                 cursor = event_id
                 yield ServerSentEvent(id=str(event_id), event=kind, data=data)
-                if (
-                    until
-                    and kind == "status"
-                    and json.loads(data)["status"] in ("idle", "cancelled")
-                ):
+                if until and kind == "status" and json.loads(data)["status"] in CLOSING:
                     return
             if not rows:
                 if until and state in CLOSING:
@@ -273,6 +275,7 @@ async def cancel(
     """Cancel the running turn and close the session (idempotent)."""
     await launch.cancel_session(client, engine, session_id=session_id)
     state = await asyncio.to_thread(_status, engine, session_id)
-    return CancelAccepted(
-        session_id=session_id, status="cancelled" if state == "cancelled" else "cancelling"
+    closed: Literal["cancelled", "failed"] | None = (
+        "cancelled" if state == "cancelled" else "failed" if state == "failed" else None
     )
+    return CancelAccepted(session_id=session_id, status=closed or "cancelling")
