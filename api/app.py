@@ -7,15 +7,15 @@ sessions exist), never at import time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
-from api.problems import PROBLEM_JSON, install_problem_handlers
+from api.problems import PROBLEM_JSON, install_problem_handlers, problem_response
 from api.routers import agents, sessions
 from baton.db import init_db, make_engine
 from baton.settings import Settings, get_settings
@@ -41,6 +41,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components.pop(unused, None)
     app.openapi_schema = schema
     return schema
+
+
+#: Largest request body accepted (bytes).
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 def create_app(settings: Settings | None = None, *, temporal: Client | None = None) -> FastAPI:
@@ -71,6 +75,24 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
         lifespan=lifespan,
     )
     install_problem_handlers(app)
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        # Refuse oversized bodies before reading them (the largest valid spec is far smaller).
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return problem_response(
+                {
+                    "type": "about:blank",
+                    "title": "Payload too large",
+                    "status": 413,
+                    "detail": f"request bodies are limited to {MAX_BODY_BYTES} bytes",
+                    "code": "payload_too_large",
+                }
+            )
+        return await call_next(request)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness")
     def healthz() -> dict[str, str]:

@@ -204,3 +204,15 @@ def test_nul_in_name_is_refused_on_every_backend(api: httpx.Client) -> None:
     """A NUL character in a name is a 422, not stored."""
     resp = api.post("/v1/agents", json={"slug": "nul1", "name": "a\u0000b"})
     assert_problem(resp, 422, "validation_error")
+
+
+def test_oversized_bodies_are_refused_before_reading(api: httpx.Client) -> None:
+    """A body over 8 MiB is 413 payload_too_large; one at the limit is parsed as usual."""
+    from api.app import MAX_BODY_BYTES
+
+    big = b"x" * (MAX_BODY_BYTES + 1)
+    resp = api.post("/v1/agents", content=big, headers={"content-type": "application/json"})
+    assert_problem(resp, 413, "payload_too_large")
+    at_limit = b" " * (MAX_BODY_BYTES - 2) + b"{}"
+    resp = api.post("/v1/agents", content=at_limit, headers={"content-type": "application/json"})
+    assert_problem(resp, 422, "validation_error")
