@@ -174,6 +174,12 @@ async def launch_session(
     return Launched(session_id, slug, version, outcome, response)
 
 
+def session_status(engine: Engine, session_id: str) -> str:
+    """The stored status of ``session_id``. Raises SessionNotFound."""
+    with session_scope(engine) as s:
+        return sessions.get_session(s, session_id=session_id).status
+
+
 async def _started(client: Client, session_id: str) -> bool:
     try:
         await client.get_workflow_handle(session_id).describe()
@@ -248,11 +254,7 @@ async def send_message(
 async def cancel_session(client: Client, engine: Engine, *, session_id: str) -> None:
     """Request cancellation; the workflow records ``cancelled`` and ends. Idempotent."""
 
-    def check() -> str:
-        with session_scope(engine) as s:
-            return sessions.get_session(s, session_id=session_id).status
-
-    if await asyncio.to_thread(check) in CLOSED_STATUSES:
+    if await asyncio.to_thread(session_status, engine, session_id) in CLOSED_STATUSES:
         return
     try:
         await client.get_workflow_handle(session_id).cancel()

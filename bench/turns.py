@@ -94,7 +94,7 @@ with workflow.unsafe.imports_passed_through():
     from baton.db import init_db, make_engine, session_scope
     from baton.spec import AgentSpec
     from worker.factory import PASSTHROUGH, build_worker
-    from worker.stack import temporal_binary
+    from worker.stack import DEV_SERVER_TUNING, temporal_binary
 
 LATENCY_TARGET = 1.5  # baton per-turn latency <= 1.5x bare
 THROUGHPUT_TARGET = 0.7  # baton turns/s >= 0.7x bare
@@ -105,7 +105,7 @@ AGENT = f"bench-{uuid.uuid4().hex[:8]}"
 #: through that queue, so past ~20 turns/s every turn waits for the next 50 ms tick:
 #: sequential turns of both systems snap to ~50 ms and hide the difference being
 #: measured. Raise the limit (``--server-defaults`` keeps it, to see the effect).
-DEV_SERVER_ARGS = ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=10000"]
+DEV_SERVER_ARGS = DEV_SERVER_TUNING
 CONFIG = SessionConfig()  # production defaults (heartbeat 30 s, model timeout 600 s)
 
 

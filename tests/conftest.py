@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,14 +30,7 @@ from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import init_db, make_engine
 from baton.settings import Settings
 from worker.factory import build_worker
-from worker.stack import DEV_SERVER_TUNING, ServicesThread
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from worker.stack import DEV_SERVER_TUNING, ServicesThread, free_port
 
 
 def _pg_bin() -> Path:

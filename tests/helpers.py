@@ -12,6 +12,7 @@ from temporalio.worker import Worker
 from baton import registry, sessions
 from baton.contracts import Provenance, SessionConfig
 from baton.db import session_scope
+from baton.errors import AgentNotFound
 from baton.launch import Launched, launch_session
 from baton.spec import AgentSpec
 
@@ -26,8 +27,7 @@ def publish(engine: Engine, slug: str, **spec: Any) -> int:
         try:
             registry.get_agent(s, slug=slug)
             registry.save_draft(s, slug=slug, spec=parsed)
-        except Exception:
-            s.rollback()
+        except AgentNotFound:
             registry.create_agent(s, slug=slug, name=slug.title(), spec=parsed)
         rev, _ = registry.publish(s, slug=slug)
         return rev.version

@@ -9,7 +9,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, status
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy.engine import Engine
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import EngineDep, SessionDep, SettingsDep, TemporalDep
@@ -112,11 +111,6 @@ class CancelAccepted(BaseModel):
     status: Literal["cancelling", "cancelled", "failed"]
 
 
-def _status(engine: Engine, session_id: str) -> str:
-    with session_scope(engine) as s:
-        return sessions.get_session(s, session_id=session_id).status
-
-
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -140,7 +134,7 @@ async def create_session(
     )
     return SessionAccepted(
         session_id=launched.session_id,
-        status=await asyncio.to_thread(_status, engine, launched.session_id),
+        status=await asyncio.to_thread(launch.session_status, engine, launched.session_id),
         agent=launched.agent,
         version=launched.version,
         response=launched.response,
@@ -237,7 +231,7 @@ async def stream_events(
     Each event has ``id`` (the resume cursor), ``event`` (message, chunk,
     status, …) and JSON ``data``. Disconnecting never affects the run.
     """
-    await asyncio.to_thread(_status, engine, session_id)  # 404 before streaming
+    await asyncio.to_thread(launch.session_status, engine, session_id)  # 404 before streaming
     cursor = last_event_id if last_event_id is not None else (after or 0)
 
     def fetch(after_id: int) -> tuple[list[tuple[int, str, str]], str]:
@@ -274,7 +268,7 @@ async def cancel(
 ) -> CancelAccepted:
     """Cancel the running turn and close the session (idempotent)."""
     await launch.cancel_session(client, engine, session_id=session_id)
-    state = await asyncio.to_thread(_status, engine, session_id)
+    state = await asyncio.to_thread(launch.session_status, engine, session_id)
     closed: Literal["cancelled", "failed"] | None = (
         "cancelled" if state == "cancelled" else "failed" if state == "failed" else None
     )
