@@ -39,7 +39,7 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton import registry, sessions
+from baton import registry, reviews, sessions
 from baton.contracts import (
     CLOSED_STATUSES,
     LoadAgentInput,
@@ -57,7 +57,7 @@ from baton.db import MessageRow, session_scope
 from baton.errors import BatonError
 from baton.models import build_model, model_name
 from baton.sessions import HistoryItem
-from baton.tools import ToolError, offered_tools, run_tool
+from baton.tools import ToolError, offered_tools, run_tool, xagent_tools
 
 PREVIEW_CHARS = 200
 AGENT_CACHE_SIZE = 4096
@@ -298,13 +298,12 @@ class SessionActivities:
             if done is not None:
                 return done
             assert isinstance(agent, ResolvedAgent)
-            tools = offered_tools(agent.tools)
+            tools = [(t.name, t.description, t.parameters) for t in offered_tools(agent.tools)]
+            tools += xagent_tools(agent.blocked_tools)
             params = ModelRequestParameters(
                 function_tools=[
-                    ToolDefinition(
-                        name=t.name, description=t.description, parameters_json_schema=t.parameters
-                    )
-                    for t in tools
+                    ToolDefinition(name=name, description=about, parameters_json_schema=schema)
+                    for name, about, schema in tools
                 ]
             )
             started = time.monotonic()
@@ -411,3 +410,5 @@ class SessionActivities:
         """Record a session status change (and its event)."""
         with session_scope(self._engine) as s:
             sessions.set_status(s, session_id=inp.session_id, status=inp.status)
+            if inp.status in CLOSED_STATUSES:
+                reviews.close_pending(s, session_id=inp.session_id, by=inp.status)

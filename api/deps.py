@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from temporalio.client import Client
 
+from baton import auth as access
+from baton.db import session_scope
 from baton.errors import EngineUnavailable
 from baton.settings import Settings
 
@@ -59,3 +62,40 @@ SessionDep = Annotated[Session, Depends(get_session)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 TemporalDep = Annotated[Client, Depends(get_temporal)]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the user (``local`` with auth off) and whether ACLs apply."""
+
+    user: str
+    auth: bool
+
+    def require(self, session: Session, agent: str, role: access.Role) -> None:
+        """Raise Forbidden (403) unless auth is off or the user holds ``role`` on ``agent``."""
+        if self.auth:
+            access.require(session, user_id=self.user, agent=agent, role=role)
+
+    def visible(self, session: Session, role: access.Role = "viewer") -> list[str] | None:
+        """Slugs the user may see with ``role``; None = everything (auth off)."""
+        return access.accessible(session, user_id=self.user, role=role) if self.auth else None
+
+
+def get_caller(
+    request: Request,
+    authorization: Annotated[
+        str | None, Header(description="`Bearer <token>` (auth mode only).")
+    ] = None,
+) -> Caller:
+    """The calling user: ``local`` with ``BATON_AUTH=off``; else from the bearer token (401)."""
+    settings: Settings = request.app.state.settings
+    if settings.auth == "off":
+        return Caller(user=access.LOCAL_USER, auth=False)
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise access.Unauthorized("send `Authorization: Bearer <token>` (BATON_AUTH=on)")
+    with session_scope(request.app.state.engine) as s:
+        return Caller(user=access.user_for_token(s, token.strip()), auth=True)
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]

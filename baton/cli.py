@@ -9,7 +9,7 @@ import signal
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import httpx
 import typer
@@ -21,6 +21,9 @@ from rich.tree import Tree
 from baton.contracts import ResolvedAgent, ResolvedNode
 from baton.errors import BatonError
 from baton.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
 
 app = typer.Typer(
     name="baton",
@@ -273,11 +276,17 @@ def dev(
     console.print("stopped")
 
 
-def follow(http: httpx.Client, session_id: str, after: int = 0) -> tuple[int, bool]:
-    """Print a session's events until it is idle: streamed text, tool calls, status.
+def follow(
+    http: httpx.Client,
+    session_id: str,
+    after: int = 0,
+    on_review: Callable[[dict[str, str]], None] | None = None,
+) -> tuple[int, bool]:
+    """Print a session's events until it is idle: streamed text, tool calls, reviews, status.
 
-    Returns the last event id (to resume the next turn from) and whether the turn
-    ended in an error.
+    ``on_review`` is called with each ``review_requested`` event's data (the demo
+    approves there). Returns the last event id (to resume the next turn from) and
+    whether the turn ended in an error.
     """
     last = after
     failed = False
@@ -315,6 +324,19 @@ def follow(http: httpx.Client, session_id: str, after: int = 0) -> tuple[int, bo
                 console.print(f"  [red]error[/]: {escape(data['text'])}")
             elif kind == "status":
                 console.print(f"[dim]· {data['status']}[/]")
+            elif kind == "review_requested":
+                target = f" → {data['target']}" if data.get("target") else ""
+                console.print(
+                    f"  [bold magenta]⏸ review[/] {data['caller']} wants to "
+                    f"{data['operation']}{target}: {escape(data.get('preview') or '')} "
+                    f"[dim]({data['review_id']})[/]"
+                )
+                if on_review is not None:
+                    on_review(data)
+            elif kind == "review_resolved":
+                console.print(
+                    f"  [magenta]▶ review {data['status']}[/] by {escape(str(data['decided_by']))}"
+                )
     return last, failed
 
 
@@ -418,6 +440,228 @@ def demo(
         finally:
             services.stop()
     lock.release()
+
+
+# --- reviews (over the API), users and tokens (on the database) -----------------
+
+reviews_app = typer.Typer(help="Decide X-Agent policy reviews (talks to the API).")
+users_app = typer.Typer(help="Users of auth mode and their roles on agents (database).")
+tokens_app = typer.Typer(help="Bearer API tokens of auth mode (database).")
+app.add_typer(reviews_app, name="reviews")
+app.add_typer(users_app, name="users")
+app.add_typer(tokens_app, name="tokens")
+
+ApiOption = Annotated[
+    str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
+]
+
+
+@contextlib.contextmanager
+def _api_client(api_url: str | None) -> Iterator[httpx.Client]:
+    """An HTTP client for the API, sending BATON_TOKEN as the bearer token when set."""
+    from baton.settings import get_settings
+
+    with _errors():
+        settings = get_settings()
+    url = api_url or settings.api_url
+    headers = (
+        {"Authorization": f"Bearer {settings.token.get_secret_value()}"} if settings.token else {}
+    )
+    with httpx.Client(base_url=url, timeout=30, headers=headers) as http:
+        try:
+            yield http
+        except httpx.HTTPError as exc:
+            err_console.print(f"[bold red]error[/] cannot reach {url}: {exc} (is `baton dev` up?)")
+            raise typer.Exit(1) from exc
+
+
+def _checked(resp: httpx.Response) -> dict[str, object]:
+    """The JSON body, or print the problem (``error [code]: detail``) and exit 1."""
+    if resp.status_code >= 400:
+        try:
+            body = resp.json()
+            problem = f"[{body.get('code')}]: {body.get('detail', '')}"
+        except ValueError:
+            problem = f"HTTP {resp.status_code}"
+        err_console.print(f"[bold red]error[/] {escape(problem)}", highlight=False)
+        raise typer.Exit(1)
+    result: dict[str, object] = resp.json()
+    return result
+
+
+@reviews_app.command("list")
+def reviews_list(
+    status: Annotated[str | None, typer.Option(help="pending | allowed | denied | …")] = "pending",
+    api_url: ApiOption = None,
+) -> None:
+    """List reviews (pending by default), newest first."""
+    with _api_client(api_url) as http:
+        params = {"status": status} if status and status != "all" else {}
+        body = _checked(http.get("/v1/reviews", params=params | {"limit": 200}))
+    table = Table("id", "status", "caller", "operation", "target", "preview", "session")
+    for r in body["data"]:  # type: ignore[attr-defined]
+        table.add_row(
+            r["id"],
+            r["status"],
+            r["caller"],
+            r["operation"],
+            r["target"] or "",
+            escape(r["preview"][:60]),
+            r["session_id"],
+        )
+    console.print(table)
+
+
+def _decide(review_id: str, decision: str, scope: str | None, api_url: str | None) -> None:
+    with _api_client(api_url) as http:
+        resp = http.post(
+            f"/v1/reviews/{review_id}/decision", json={"decision": decision, "scope": scope}
+        )
+        body = _checked(resp)
+    if resp.status_code == 202:
+        console.print(f"{review_id}: decision delivered; the session has not applied it yet")
+    else:
+        console.print(f"{review_id}: [bold]{body['status']}[/] (by {body['decided_by']})")
+
+
+@reviews_app.command("approve")
+def reviews_approve(
+    review_id: Annotated[str, typer.Argument(help="review-… id")],
+    always: Annotated[
+        bool, typer.Option("--always", help="Save an allow policy (always_allow).")
+    ] = False,
+    scope: Annotated[
+        str, typer.Option(help="With --always: 'target' (this agent) or 'all' (global).")
+    ] = "target",
+    api_url: ApiOption = None,
+) -> None:
+    """Allow the reviewed operation (once, or --always)."""
+    _decide(
+        review_id, "always_allow" if always else "allow_once", scope if always else None, api_url
+    )
+
+
+@reviews_app.command("deny")
+def reviews_deny(
+    review_id: Annotated[str, typer.Argument(help="review-… id")], api_url: ApiOption = None
+) -> None:
+    """Deny the reviewed operation; the calling agent gets an error."""
+    _decide(review_id, "deny", None, api_url)
+
+
+@contextlib.contextmanager
+def _db() -> Iterator[Session]:
+    from baton.db import init_db, make_engine, session_scope
+    from baton.settings import get_settings
+
+    with _errors():
+        engine = make_engine(get_settings().database_url)
+        try:
+            init_db(engine)
+            with session_scope(engine) as s:
+                yield s
+        finally:
+            engine.dispose()
+
+
+@users_app.command("add")
+def users_add(
+    user_id: Annotated[str, typer.Argument(help="Lower-case id, e.g. alice")],
+    name: Annotated[str, typer.Option(help="Display name.")] = "",
+) -> None:
+    """Create a user."""
+    from baton import auth
+
+    with _db() as s:
+        auth.create_user(s, user_id=user_id, name=name)
+    console.print(f"user {user_id} created")
+
+
+@users_app.command("list")
+def users_list() -> None:
+    """Users and their roles on agents."""
+    from sqlmodel import select
+
+    from baton import auth
+    from baton.db import AgentAcl
+
+    with _db() as s:
+        table = Table("user", "name", "roles")
+        for u in auth.list_users(s):
+            roles = s.exec(select(AgentAcl).where(AgentAcl.user_id == u.id)).all()
+            table.add_row(u.id, u.name, ", ".join(f"{r.agent_slug}:{r.role}" for r in roles))
+    console.print(table)
+
+
+@users_app.command("grant")
+def users_grant(
+    user_id: Annotated[str, typer.Argument(help="User id.")],
+    agent: Annotated[str, typer.Argument(help="Agent slug.")],
+    role: Annotated[str, typer.Argument(help="viewer | user | owner")],
+) -> None:
+    """Give USER the ROLE on AGENT (viewer < user < owner)."""
+    from baton import auth, registry
+
+    if role not in auth.ROLE_RANK:
+        raise _fail(auth.InvalidUser(f"role must be viewer, user or owner, not {role!r}"))
+    with _db() as s:
+        registry.get_agent(s, slug=agent)
+        auth.grant(s, agent=agent, user_id=user_id, role=cast("auth.Role", role))
+    console.print(f"{user_id} is {role} of {agent}")
+
+
+@users_app.command("revoke")
+def users_revoke(
+    user_id: Annotated[str, typer.Argument(help="User id.")],
+    agent: Annotated[str, typer.Argument(help="Agent slug.")],
+) -> None:
+    """Remove USER's role on AGENT."""
+    from baton import auth
+
+    with _db() as s:
+        removed = auth.revoke(s, agent=agent, user_id=user_id)
+    console.print(f"{user_id} {'no longer has a role on' if removed else 'had no role on'} {agent}")
+
+
+@tokens_app.command("issue")
+def tokens_issue(
+    user_id: Annotated[str, typer.Argument(help="User id.")],
+    name: Annotated[str, typer.Option(help="What the token is for.")] = "",
+) -> None:
+    """Issue a bearer token for USER; it is printed once (only its hash is stored)."""
+    from baton import auth
+
+    with _db() as s:
+        row, plain = auth.issue_token(s, user_id=user_id, name=name)
+        token_id = row.id
+    err_console.print(f"token {token_id} for {user_id} (shown once; store it now):")
+    print(plain)
+
+
+@tokens_app.command("list")
+def tokens_list(
+    user_id: Annotated[str | None, typer.Option("--user", help="Only this user's.")] = None,
+) -> None:
+    """Tokens (id, user, prefix, revoked); never their value."""
+    from baton import auth
+
+    with _db() as s:
+        table = Table("id", "user", "prefix", "name", "revoked", "created")
+        for t in auth.list_tokens(s, user_id=user_id):
+            table.add_row(
+                str(t.id), t.user_id, t.prefix + "…", t.name, str(t.revoked), str(t.created_at)
+            )
+    console.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: Annotated[int, typer.Argument(help="Token id.")]) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from baton import auth
+
+    with _db() as s:
+        auth.revoke_token(s, token_id=token_id)
+    console.print(f"token {token_id} revoked")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,10 @@ class SessionConfig(BaseModel):
     heartbeat_timeout_s: float = 30.0
     review_timeout_s: float = 300.0
     max_delegation_depth: int = 3
+    delegation_timeout_s: float = Field(
+        default=900.0, description="How long one delegation (invoke_agent) may take."
+    )
+    auth: bool = Field(default=False, description="BATON_AUTH=on: ACL checks apply.")
     continue_as_new_after_turns: int | None = Field(
         default=None,
         description="Also continue-as-new after this many turns (None = when suggested).",
@@ -156,9 +160,15 @@ class SessionConfig(BaseModel):
 
 
 class UserMessage(BaseModel):
-    """Update ``send_message`` argument."""
+    """Update ``send_message`` argument.
+
+    ``invoked_by_agent`` is set by the ``delegate`` activity when another agent
+    sends this message (invoke_agent with ``session_id``): that turn is an invoked
+    one and may not invoke further (seed 000, 'One-hop invocation rule').
+    """
 
     prompt: str
+    invoked_by_agent: str | None = None
 
 
 class SessionInput(BaseModel):
@@ -315,3 +325,195 @@ def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
         if value:
             pairs.append(SearchAttributePair(key, value))
     return TypedSearchAttributes(pairs)
+
+
+# --- X-Agent tools (seed 000) -------------------------------------------------
+
+XAgentTool = Literal[
+    "list_agents",
+    "create_agent",
+    "invoke_agent",
+    "get_agent_sessions",
+    "get_agent_session_transcript",
+]
+#: Policy-controlled operations (seed 003, 'Operations'); create always reviews.
+Operation = Literal["list", "read", "invoke", "create"]
+OPERATION_OF: dict[str, Operation] = {
+    "list_agents": "list",
+    "create_agent": "create",
+    "invoke_agent": "invoke",
+    "get_agent_sessions": "read",
+    "get_agent_session_transcript": "read",
+}
+XAGENT_TOOLS = tuple(OPERATION_OF)
+#: Guard refusal codes (DESIGN §5), returned to the model in the tool error.
+SELF_INVOCATION = "self_invocation"
+ONE_HOP_VIOLATION = "one_hop_violation"
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+SESSION_ID_PATTERN = r"^session-[0-9a-f-]{36}$"
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ListAgentsArgs(_Args):
+    """``list_agents()``: no parameters."""
+
+
+class CreateAgentArgs(_Args):
+    """``create_agent(name, description?, instructions?)``."""
+
+    name: str = Field(min_length=1, max_length=200, description="Display name of the new agent.")
+    description: str | None = Field(
+        default=None, max_length=2000, description="One-line description."
+    )
+    instructions: str | None = Field(
+        default=None, max_length=100_000, description="The new agent's system prompt."
+    )
+
+
+class InvokeAgentArgs(_Args):
+    """``invoke_agent(slug, prompt, session_id?, sync=false)``."""
+
+    slug: str = Field(pattern=SLUG_PATTERN, description="Target agent's slug (from list_agents).")
+    prompt: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="The message.")
+    session_id: str | None = Field(
+        default=None,
+        pattern=SESSION_ID_PATTERN,
+        description="An existing session of the target to continue; it must not be running.",
+    )
+    sync: bool = Field(
+        default=False,
+        description="true: wait for the target's turn and return its final message inline; "
+        "false: return at once with status running.",
+    )
+
+
+class GetAgentSessionsArgs(_Args):
+    """``get_agent_sessions(slug, limit=50, offset=0)``."""
+
+    slug: str = Field(pattern=SLUG_PATTERN)
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=1_000_000)
+
+
+class GetTranscriptArgs(_Args):
+    """``get_agent_session_transcript(slug, session_id, sync=false)``."""
+
+    slug: str = Field(pattern=SLUG_PATTERN)
+    session_id: str = Field(pattern=SESSION_ID_PATTERN)
+    sync: bool = Field(
+        default=False, description="Wait for a running session's turn to finish first."
+    )
+
+
+XAGENT_ARGS: dict[str, type[_Args]] = {
+    "list_agents": ListAgentsArgs,
+    "create_agent": CreateAgentArgs,
+    "invoke_agent": InvokeAgentArgs,
+    "get_agent_sessions": GetAgentSessionsArgs,
+    "get_agent_session_transcript": GetTranscriptArgs,
+}
+
+
+class ToolMessage(BaseModel):
+    """Where a tool call's result is stored: the session, message id and position."""
+
+    session_id: str
+    agent_slug: str
+    message_id: str
+    position: str
+    call: ToolCall
+
+
+ReviewOutcome = Literal["allowed", "denied", "timed_out"]
+Decision = Literal["deny", "allow_once", "always_allow"]
+
+
+class ReviewDecision(BaseModel):
+    """Signal ``review_decision`` argument (DESIGN §6).
+
+    ``scope`` applies to ``always_allow``: ``target`` saves a per-target policy,
+    ``all`` a global one (list is global only). ``decision_id`` lets the API tell
+    whether its decision was the one applied.
+    """
+
+    review_id: str
+    decision: Decision
+    scope: Literal["target", "all"] | None = None
+    decided_by: str = "temporal-cli"
+    decision_id: str | None = None
+
+
+class AuthorizeInput(BaseModel):
+    """``authorize`` activity input: ACL then policy for one X-Agent call (seed 003)."""
+
+    tool: ToolMessage
+    user: str
+    operation: Operation
+    target: str | None = None
+    review_id: str
+    preview: str = ""
+    auth: bool = False
+
+
+class AuthorizeResult(BaseModel):
+    """``allow`` proceeds, ``review`` waits for a decision, ``refused`` is final."""
+
+    decision: Literal["allow", "review", "refused"]
+    outcome: ToolOutcome | None = None
+
+
+class SettleInput(BaseModel):
+    """``settle_review`` activity input: the one outcome of a review."""
+
+    tool: ToolMessage
+    review_id: str
+    operation: Operation
+    target: str | None = None
+    outcome: ReviewOutcome
+    decision: ReviewDecision | None = None
+    timeout_s: float = 300.0
+
+
+class SettleResult(BaseModel):
+    """Whether the operation may proceed; the refusal's tool result when it may not."""
+
+    allowed: bool
+    outcome: ToolOutcome | None = None
+
+
+class RefusalInput(BaseModel):
+    """``refuse_tool`` activity input: a guard or argument error, with its audit row."""
+
+    tool: ToolMessage
+    error: str
+    code: str
+    operation: Operation | None = None
+    target: str | None = None
+    audit: bool = True
+
+
+class XAgentCall(BaseModel):
+    """``xagent_tool`` activity input: list / create / read operations, after policy."""
+
+    tool: ToolMessage
+    user: str
+    auth: bool = False
+
+
+class DelegateInput(BaseModel):
+    """``delegate`` activity input (DESIGN §4): start or continue a target session."""
+
+    tool: ToolMessage
+    delegation_id: str
+    caller_session_id: str
+    user: str
+    target: str
+    prompt: str
+    session_id: str | None = None
+    sync: bool = False
+    task_queue: str
+    config: SessionConfig
+    depth: int = 1

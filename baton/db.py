@@ -160,6 +160,114 @@ class EventRow(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class XAgentPolicy(SQLModel, table=True):
+    """A stored X-Agent policy (seed 003, 'Policy storage'). ``review`` is never stored.
+
+    ``target_agent_slug`` NULL = the caller's global policy for the operation.
+    One row per (caller, target, operation): two partial unique indexes, because
+    NULLs are distinct in a plain unique constraint on both backends.
+    """
+
+    __tablename__ = "x_agent_policies"
+    __table_args__ = (
+        sa.Index(
+            "uq_policy_target",
+            "caller_agent_slug",
+            "target_agent_slug",
+            "operation",
+            unique=True,
+            sqlite_where=sa.text("target_agent_slug IS NOT NULL"),
+            postgresql_where=sa.text("target_agent_slug IS NOT NULL"),
+        ),
+        sa.Index(
+            "uq_policy_global",
+            "caller_agent_slug",
+            "operation",
+            unique=True,
+            sqlite_where=sa.text("target_agent_slug IS NULL"),
+            postgresql_where=sa.text("target_agent_slug IS NULL"),
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    caller_agent_slug: str = Field(max_length=63, index=True)
+    target_agent_slug: str | None = Field(default=None, max_length=63, index=True)
+    operation: str = Field(max_length=10)  # list | read | invoke
+    decision: str = Field(max_length=10)  # allow | block
+    updated_at: datetime = _ts()
+
+
+class ReviewRow(SQLModel, table=True):
+    """A policy review waiting for (or settled by) a human decision (DESIGN §6)."""
+
+    __tablename__ = "reviews"
+
+    id: str = Field(primary_key=True, max_length=80)
+    session_id: str = Field(index=True, max_length=80)
+    caller_agent_slug: str = Field(max_length=63, index=True)
+    operation: str = Field(max_length=10)
+    target_agent_slug: str | None = Field(default=None, max_length=63)
+    preview: str = ""
+    status: str = Field(default="pending", max_length=20, index=True)
+    decision: str | None = Field(default=None, max_length=20)
+    scope: str | None = Field(default=None, max_length=10)
+    decided_by: str | None = Field(default=None, max_length=200)
+    decision_id: str | None = Field(default=None, max_length=80)
+    created_at: datetime = _ts(index=True)
+    decided_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class AuditRow(SQLModel, table=True):
+    """One audited X-Agent operation: every review outcome and every block (seed 003)."""
+
+    __tablename__ = "audit_log"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(index=True, max_length=80)
+    review_id: str | None = Field(default=None, max_length=80)
+    caller_agent_slug: str = Field(max_length=63, index=True)
+    operation: str = Field(max_length=10)
+    target_agent_slug: str | None = Field(default=None, max_length=63, index=True)
+    outcome: str = Field(max_length=20)  # allow | block | denied_by_user | review_timeout
+    decided_by: str = Field(max_length=200)
+    reason: str = Field(default="", max_length=500)
+    at: datetime = _ts(index=True)
+
+
+class User(SQLModel, table=True):
+    """A user of auth mode (``BATON_AUTH=on``)."""
+
+    __tablename__ = "users"
+
+    id: str = Field(primary_key=True, max_length=63)
+    name: str = Field(default="", max_length=200)
+    created_at: datetime = _ts()
+
+
+class ApiToken(SQLModel, table=True):
+    """A bearer API token; only its SHA-256 is stored (tokens are 256-bit random)."""
+
+    __tablename__ = "api_tokens"
+
+    id: int | None = Field(default=None, primary_key=True)
+    user_id: str = Field(foreign_key="users.id", index=True, max_length=63)
+    token_hash: str = Field(unique=True, max_length=64)
+    prefix: str = Field(max_length=16, description="First characters, to recognise a token.")
+    name: str = Field(default="", max_length=200)
+    revoked: bool = False
+    created_at: datetime = _ts()
+
+
+class AgentAcl(SQLModel, table=True):
+    """A user's role on an agent: viewer < user < owner (seed 003, 'Auth mode')."""
+
+    __tablename__ = "agent_acl"
+
+    agent_slug: str = Field(primary_key=True, max_length=63)
+    user_id: str = Field(primary_key=True, max_length=63, foreign_key="users.id")
+    role: str = Field(max_length=10)
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; for a SQLite file, its folder is created.
 

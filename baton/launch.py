@@ -21,7 +21,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateStage,
 )
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -108,17 +108,27 @@ async def launch_session(
     provenance: Provenance,
     sync: bool,
     name: str | None = None,
+    session_id: str | None = None,
+    update_id: str | None = None,
 ) -> Launched:
     """Resolve ``ref``, record the session and start it with its first message.
+
+    ``session_id`` + ``update_id`` make the launch idempotent (the ``delegate``
+    activity derives both from the delegation id, so a retry attaches to the
+    session and message its first attempt started).
 
     Raises the registry's AgentNotFound / RevisionNotFound / AgentRetired /
     AgentNotPublished / InvalidReference, EngineUnavailable (Temporal refused the
     start; nothing is left behind) or TurnFailed (sync, the first turn failed).
     """
-    session_id = f"session-{uuid.uuid4()}"
+    idempotent = session_id is not None
+    session_id = session_id or f"session-{uuid.uuid4()}"
 
     def record() -> tuple[str, int]:
         with session_scope(engine) as s:
+            existing = s.get(SessionRow, session_id) if idempotent else None
+            if existing is not None:
+                return existing.agent_slug, existing.agent_version
             agent, rev = registry.resolve_ref(s, ref=ref)
             sessions.create_session(
                 s,
@@ -138,7 +148,11 @@ async def launch_session(
         inp,
         id=session_id,
         task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
+        if idempotent
+        else WorkflowIDConflictPolicy.FAIL,
+        # A retried delegation must never start the id again once its session closed.
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         search_attributes=initial_search_attributes(inp),
         static_summary=f"{pin} · {name or _name(prompt)}",
         static_details=f"Session with {pin}, started by {provenance.created_by_user}"
@@ -147,10 +161,10 @@ async def launch_session(
     try:
         handle = await client.start_update_with_start_workflow(
             UPDATE,
-            UserMessage(prompt=prompt),
+            UserMessage(prompt=prompt, invoked_by_agent=provenance.invoked_by_agent),
             start_workflow_operation=start,
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
-            id=f"{session_id}:message-1",
+            id=update_id or f"{session_id}:message-1",
             result_type=TurnOutcome,
         )
         outcome = await handle.result() if sync else None
@@ -161,7 +175,8 @@ async def launch_session(
             # The workflow exists (it ended before answering, e.g. its agent vanished):
             # keep the row, the transcript says what happened.
             raise TurnFailed(f"the session ended: {exc.message}", session_id=session_id) from exc
-        await asyncio.to_thread(_forget, engine, session_id)
+        if not idempotent:  # an idempotent launch keeps its row for the retry
+            await asyncio.to_thread(_forget, engine, session_id)
         hint = (
             " (run `baton setup` to register search attributes)"
             if "search attribute" in (exc.message or "")
@@ -196,9 +211,19 @@ def _forget(engine: Engine, session_id: str) -> None:
 
 
 async def send_message(
-    client: Client, engine: Engine, *, session_id: str, prompt: str, sync: bool
+    client: Client,
+    engine: Engine,
+    *,
+    session_id: str,
+    prompt: str,
+    sync: bool,
+    update_id: str | None = None,
+    invoked_by_agent: str | None = None,
 ) -> tuple[TurnOutcome | None, str | None]:
     """Send a message to an existing session: ``(outcome, final text)`` when sync.
+
+    ``update_id`` makes the send idempotent (delegations); ``invoked_by_agent``
+    marks the turn as invoked by that agent (the one-hop rule applies to it).
 
     Raises SessionNotFound, SessionBusy (409, a turn is running), SessionClosed,
     InvalidPrompt, TurnFailed or EngineUnavailable.
@@ -226,9 +251,9 @@ async def send_message(
     try:
         update = await handle.start_update(
             UPDATE,
-            UserMessage(prompt=prompt),
+            UserMessage(prompt=prompt, invoked_by_agent=invoked_by_agent),
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
-            id=f"{session_id}:message-{uuid.uuid4()}",
+            id=update_id or f"{session_id}:message-{uuid.uuid4()}",
             result_type=TurnOutcome,
         )
         # A validator rejection (busy, closed, blank) comes back with the acceptance

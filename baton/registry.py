@@ -12,6 +12,7 @@ from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from baton import auth, policies
 from baton.contracts import ResolvedAgent
 from baton.db import Agent, AgentDraft, AgentLivePointer, AgentRevision, utcnow
 from baton.errors import (
@@ -144,10 +145,15 @@ def create_agent(
     return agent
 
 
-def list_agents(session: Session, *, limit: int = 50, offset: int = 0) -> tuple[list[Agent], int]:
-    """Agents ordered by slug, and the total count."""
-    total = session.exec(select(func.count()).select_from(Agent)).one()
-    rows = session.exec(select(Agent).order_by(col(Agent.slug)).offset(offset).limit(limit)).all()
+def list_agents(
+    session: Session, *, limit: int = 50, offset: int = 0, only: list[str] | None = None
+) -> tuple[list[Agent], int]:
+    """Agents ordered by slug, and the total count; ``only`` limits to those slugs (ACL)."""
+    where = [col(Agent.slug).in_(only)] if only is not None else []
+    total = session.exec(select(func.count()).select_from(Agent).where(*where)).one()
+    rows = session.exec(
+        select(Agent).where(*where).order_by(col(Agent.slug)).offset(offset).limit(limit)
+    ).all()
     return list(rows), int(total)
 
 
@@ -466,6 +472,9 @@ def delete_agent(session: Session, *, slug: str) -> None:
     agent = get_agent(session, slug=slug, for_update=True)
     _refuse_if_used(session, slug, "delete", live_only=False)
     agent_id = _id(agent)
+    # Seed 003, 'Policy storage': policy rows naming the agent go with it (and its ACL).
+    policies.delete_for_agent(session, slug=slug)
+    auth.delete_for_agent(session, slug=slug)
     for model in (AgentLivePointer, AgentDraft, AgentRevision):
         for row in session.exec(select(model).where(model.agent_id == agent_id)).all():
             session.delete(row)

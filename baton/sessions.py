@@ -178,14 +178,22 @@ def get_session(session: Session, *, session_id: str) -> SessionRow:
 
 
 def list_sessions(
-    session: Session, *, agent: str | None = None, limit: int = 50, offset: int = 0
+    session: Session,
+    *,
+    agent: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    agents: list[str] | None = None,
 ) -> tuple[list[SessionRow], int]:
-    """Sessions newest first (optionally of one agent), and the total count."""
+    """Sessions newest first (optionally of one agent, or of ``agents``), and the total count."""
     stmt = select(SessionRow)
     count = select(func.count()).select_from(SessionRow)
     if agent is not None:
         stmt = stmt.where(SessionRow.agent_slug == agent)
         count = count.where(SessionRow.agent_slug == agent)
+    if agents is not None:
+        stmt = stmt.where(col(SessionRow.agent_slug).in_(agents))
+        count = count.where(col(SessionRow.agent_slug).in_(agents))
     rows = session.exec(
         stmt.order_by(col(SessionRow.created_at).desc(), col(SessionRow.id))
         .offset(offset)

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
@@ -62,6 +62,13 @@ class Settings(BaseSettings):
     auth: Literal["off", "on"] = Field(
         default="off", description="'on' requires bearer API tokens and applies agent ACLs."
     )
+    api_url: str = Field(
+        default="http://127.0.0.1:8000",
+        description="Where CLI commands that talk to the API (`baton reviews`) find it.",
+    )
+    token: SecretStr | None = Field(
+        default=None, description="Bearer API token the CLI sends in auth mode (BATON_TOKEN)."
+    )
     model: str | None = Field(
         default=None,
         description="Default model as pydantic-ai names it (e.g. openai:gpt-4o-mini); "
@@ -84,6 +91,7 @@ class Settings(BaseSettings):
             default_model=self.model,
             review_timeout_s=self.review_timeout,
             max_delegation_depth=self.max_delegation_depth,
+            auth=self.auth == "on",
         )
 
     def workflow_url(self, workflow_id: str) -> str:

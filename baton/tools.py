@@ -18,6 +18,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jsonschema
 
+from baton.contracts import XAGENT_ARGS
+
 
 class ToolError(Exception):
     """A tool call that failed in a way the model should see and can correct."""
@@ -152,3 +154,42 @@ def run_tool(name: str, args: dict[str, Any], allowed: list[str]) -> str:
     tool = TOOLS[name]
     tool.validate(args)
     return tool.run(args)
+
+
+#: What the model reads about each X-Agent tool (seed 000, 'X-Agent tools').
+XAGENT_DESCRIPTIONS = {
+    "list_agents": "Discover the other agents in the workspace: slug, display name and "
+    "description of each (you are not listed). Call it before invoke_agent to find a slug.",
+    "create_agent": "Create a new agent from a name, an optional one-line description and "
+    "optional instructions (its system prompt). Returns the new slug, which invoke_agent "
+    "accepts at once. Every call waits for a human's approval.",
+    "invoke_agent": "Send a message to another agent: the main way to delegate. sync=true "
+    "waits for the agent's turn and returns its final message inline; sync=false (default) "
+    "returns at once with the session id and status running (read the result later with "
+    "get_agent_session_transcript). session_id continues an existing session of that agent, "
+    "which must not be running.",
+    "get_agent_sessions": "List another agent's sessions, newest first: id, name, creation "
+    "time, last activity, message count and whether it is running. limit (default 50, "
+    "max 200) and offset page through them.",
+    "get_agent_session_transcript": "Read another agent's session: a status line (running, "
+    "idle or awaiting_input) then the messages, tool input/output summarised. sync=true "
+    "waits for a running turn to finish first.",
+}
+
+
+def xagent_tools(blocked: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(name, description, JSON Schema)`` of the X-Agent tools offered to every agent.
+
+    An agent's ``blocked_tools`` can withdraw them (DESIGN §3, narrowing only).
+    """
+    out = []
+    for name, model in XAGENT_ARGS.items():
+        if name in blocked:
+            continue
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        schema.pop("description", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        out.append((name, XAGENT_DESCRIPTIONS[name], schema))
+    return out

@@ -16,6 +16,7 @@ from temporalio.worker import Worker
 from baton import sessions
 from baton.db import session_scope
 from baton.errors import TurnFailed
+from baton.contracts import XAGENT_TOOLS
 from baton.tools import TOOLS
 from tests.conftest import serve
 from tests.helpers import launch, publish, status, transcript
@@ -108,7 +109,10 @@ async def test_tool_round_trip_through_the_provider(
     for request in stub.requests:
         assert request["stream"] is True
         assert request["stream_options"]["include_usage"] is True
-        [tool] = request["tools"]
+        # The agent's own tool, then the five X-Agent tools every agent is offered.
+        names = [t["function"]["name"] for t in request["tools"]]
+        assert names == ["calculator", *XAGENT_TOOLS]
+        tool = request["tools"][0]
         assert tool["type"] == "function"
         assert tool["function"]["name"] == "calculator"
         assert tool["function"]["description"] == calculator.description

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.session import SessionActivities
+from activities.xagent import XAgentActivities
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.settings import Settings
 from workflows.session import SessionWorkflow
@@ -38,10 +39,22 @@ PASSTHROUGH = (
 WORKFLOWS = [SessionWorkflow]
 
 
-def activities_for(engine: Engine) -> list[Callable[..., Any]]:
-    """The activity callables bound to ``engine``."""
+def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
+    """The activity callables bound to ``engine`` (and ``client``, for delegations)."""
     acts = SessionActivities(engine)
-    return [acts.load_agent, acts.model_turn, acts.run_tool, acts.record_failure, acts.set_status]
+    xagent = XAgentActivities(engine, client)
+    return [
+        acts.load_agent,
+        acts.model_turn,
+        acts.run_tool,
+        acts.record_failure,
+        acts.set_status,
+        xagent.authorize,
+        xagent.settle_review,
+        xagent.refuse_tool,
+        xagent.xagent_tool,
+        xagent.delegate,
+    ]
 
 
 async def connect(settings: Settings) -> Client:
@@ -61,7 +74,7 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(engine),
+        activities=activities_for(engine, client),
         activity_executor=ThreadPoolExecutor(max_workers=max_concurrent_activities),
         max_concurrent_activities=max_concurrent_activities,
         workflow_runner=SandboxedWorkflowRunner(

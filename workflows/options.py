@@ -25,3 +25,12 @@ STORE_RETRY = RetryPolicy(
 )
 STORE_TIMEOUT = timedelta(seconds=30)
 TOOL_TIMEOUT = timedelta(seconds=60)
+
+#: Delegations attach to what an earlier attempt started (ids derive from the
+#: delegation id), so retrying is safe; a few attempts ride out a Temporal blip.
+DELEGATE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+)

@@ -18,37 +18,63 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from activities.session import SessionActivities
+    from activities.xagent import XAgentActivities
     from baton.contracts import (
         INVALID_PROMPT,
         MAX_MESSAGE_CHARS,
+        ONE_HOP_VIOLATION,
+        OPERATION_OF,
         SA_AGENT,
         SA_STATUS,
+        SELF_INVOCATION,
         SESSION_BUSY,
         SESSION_CLOSED,
+        XAGENT_ARGS,
+        XAGENT_TOOLS,
+        AuthorizeInput,
+        DelegateInput,
+        InvokeAgentArgs,
         LoadAgentInput,
         ModelTurnInput,
         ModelTurnResult,
+        RefusalInput,
         ResolvedAgent,
+        ReviewDecision,
+        ReviewOutcome,
         SessionInput,
         SessionStatus,
+        SettleInput,
         StatusChange,
         ToolCall,
         ToolInput,
+        ToolMessage,
         ToolOutcome,
         TurnFailure,
         TurnOutcome,
         Usage,
         UserMessage,
+        XAgentCall,
         position,
     )
-    from workflows.options import MODEL_RETRY, STORE_RETRY, STORE_TIMEOUT, TOOL_TIMEOUT
+    from workflows.options import (
+        DELEGATE_RETRY,
+        MODEL_RETRY,
+        STORE_RETRY,
+        STORE_TIMEOUT,
+        TOOL_TIMEOUT,
+    )
 
 
 #: Patch ids (workflow.patched): each gates a command change for runs already in flight.
 PATCH_COARSE_STATUS = "coarse-status-search-attribute"
 PATCH_CANCEL_TURN = "cancel-cancels-running-turn"
 PATCH_LOAD_FAILED = "unloadable-pin-fails-session"
+PATCH_XAGENT = "x-agent-tools"
+#: Decisions kept for reviews that already had their outcome (reported, then dropped).
+MAX_LATE_DECISIONS = 50
 
 
 @workflow.defn(name="Session")
@@ -64,6 +90,11 @@ class SessionWorkflow:
         self._closed = False
         self._status: SessionStatus = "idle"
         self._turn_task: asyncio.Task[Any] | None = None
+        self._invoked_turn = False
+        # Reviews this run is waiting on (id -> summary), and the decisions received.
+        self._open_reviews: dict[str, dict[str, Any]] = {}
+        self._decisions: dict[str, ReviewDecision] = {}
+        self._late_decisions: list[dict[str, Any]] = []
 
     @workflow.run
     async def run(self, inp: SessionInput) -> str:
@@ -130,6 +161,34 @@ class SessionWorkflow:
         """running | idle | awaiting_input (| cancelled once closed)."""
         return "cancelled" if self._closed else self._status
 
+    @workflow.query(name="pending_reviews")
+    def pending_reviews(self) -> list[dict[str, Any]]:
+        """Reviews this session waits on: ``[{review_id, operation, target, preview}]``."""
+        return [dict(v, review_id=k) for k, v in self._open_reviews.items()]
+
+    @workflow.query(name="late_decisions")
+    def late_decisions(self) -> list[dict[str, Any]]:
+        """Decisions that arrived after their review's outcome (or for unknown reviews)."""
+        return list(self._late_decisions)
+
+    @workflow.signal(name="review_decision")
+    def review_decision(self, decision: ReviewDecision) -> None:
+        """A human's decision on an open review (DESIGN §6).
+
+        The first decision for an open review wins; one that arrives after the
+        review's outcome (decided or timed out) changes nothing and is kept in
+        ``late_decisions`` so the sender can be told it was too late.
+        """
+        rid = decision.review_id
+        if rid in self._open_reviews and rid not in self._decisions:
+            self._decisions[rid] = decision
+            return
+        workflow.logger.warning("review %s: decision %s too late, ignored", rid, decision.decision)
+        if len(self._late_decisions) < MAX_LATE_DECISIONS:
+            self._late_decisions.append(
+                {"review_id": rid, "decision": decision.decision, "reason": "too_late"}
+            )
+
     # A cancel deliberately abandons the running turn; its client gets an error, not a hang.
     @workflow.update(
         name="send_message", unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON
@@ -179,6 +238,8 @@ class SessionWorkflow:
     async def _answer(self, msg: UserMessage) -> TurnOutcome:
         self._turn_task = asyncio.current_task()
         self._busy = True
+        # Seed 000, one-hop: a turn another agent sent (or any turn of an invoked session).
+        self._invoked_turn = bool(self._inp.provenance.invoked_by_agent or msg.invoked_by_agent)
         self._set_status("running")
         try:
             await workflow.wait_condition(lambda: self._agent is not None)
@@ -217,7 +278,11 @@ class SessionWorkflow:
             # Several tool calls in one model response run in parallel.
             await asyncio.gather(
                 *(
-                    self._tool(agent, turn, step, i, call)
+                    self._xagent(agent, turn, step, i, call)
+                    if call.name in XAGENT_TOOLS
+                    and call.name not in agent.blocked_tools
+                    and workflow.patched(PATCH_XAGENT)
+                    else self._tool(agent, turn, step, i, call)
                     for i, call in enumerate(result.tool_calls)
                 )
             )
@@ -267,6 +332,182 @@ class SessionWorkflow:
             start_to_close_timeout=TOOL_TIMEOUT,
             retry_policy=STORE_RETRY,
             summary=f"{call.name} · turn {turn}",
+        )
+
+    # --- X-Agent tools (seed 000) and policy reviews (seed 003) --------------------
+
+    async def _xagent(
+        self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
+    ) -> ToolOutcome:
+        """Guards, then ACL + policy (``authorize``), then a review wait, then the operation.
+
+        DESIGN §5: self-invocation and one-hop are refused before any policy;
+        refusals go back to the model as tool errors.
+        """
+        sid = self._inp.session_id
+        tool = ToolMessage(
+            session_id=sid,
+            agent_slug=agent.slug,
+            message_id=f"{sid}:t{turn}:s{step}:tool{index}",
+            position=position(turn, step, 2, index),
+            call=call,
+        )
+        operation = OPERATION_OF[call.name]
+        try:
+            args = XAGENT_ARGS[call.name].model_validate(call.args)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                for e in exc.errors()[:5]
+            )
+            return await self._refuse(tool, "invalid_arguments", problems, audit=False)
+        target: str | None = getattr(args, "slug", None)
+        if isinstance(args, InvokeAgentArgs):
+            if args.slug == agent.slug:
+                return await self._refuse(
+                    tool, SELF_INVOCATION, "an agent cannot invoke itself", target=target
+                )
+            if self._invoked_turn:
+                return await self._refuse(
+                    tool,
+                    ONE_HOP_VIOLATION,
+                    "this session was invoked by another agent, and cross-agent invocation "
+                    "is limited to one hop: an invoked session cannot invoke agents. Answer "
+                    "with what you have; the caller can invoke other agents itself.",
+                    target=target,
+                )
+        review_id = f"review-{workflow.uuid4()}"
+        preview = args.prompt[:500] if isinstance(args, InvokeAgentArgs) else ""
+        if call.name == "create_agent":
+            preview = f"create agent '{call.args.get('name', '')}'"
+        verdict = await workflow.execute_activity_method(
+            XAgentActivities.authorize,
+            AuthorizeInput(
+                tool=tool,
+                user=self._inp.provenance.created_by_user,
+                operation=operation,
+                target=target,
+                review_id=review_id,
+                preview=preview,
+                auth=self._inp.config.auth,
+            ),
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"authorize {operation}" + (f" → {target}" if target else ""),
+        )
+        if verdict.decision == "refused":
+            assert verdict.outcome is not None
+            return verdict.outcome
+        if verdict.decision == "review":
+            settled = await self._review(tool, review_id, operation, target, preview)
+            if settled is not None:
+                return settled
+        if isinstance(args, InvokeAgentArgs):
+            return await self._delegate(tool, args, turn)
+        return await workflow.execute_activity_method(
+            XAgentActivities.xagent_tool,
+            XAgentCall(
+                tool=tool, user=self._inp.provenance.created_by_user, auth=self._inp.config.auth
+            ),
+            start_to_close_timeout=TOOL_TIMEOUT,
+            heartbeat_timeout=timedelta(seconds=self._inp.config.heartbeat_timeout_s),
+            retry_policy=STORE_RETRY,
+            summary=f"{call.name} · turn {turn}",
+        )
+
+    async def _review(
+        self, tool: ToolMessage, review_id: str, operation: str, target: str | None, preview: str
+    ) -> ToolOutcome | None:
+        """Wait for Signal ``review_decision`` up to the review timeout; settle exactly once.
+
+        Returns None when the operation may proceed, else the refusal's tool result.
+        """
+        self._open_reviews[review_id] = {
+            "operation": operation,
+            "target": target,
+            "preview": preview,
+        }
+        self._set_status("awaiting_input")
+        timeout = self._inp.config.review_timeout_s
+        outcome: ReviewOutcome
+        try:
+            await workflow.wait_condition(
+                lambda: review_id in self._decisions,
+                timeout=timedelta(seconds=timeout),
+                timeout_summary=f"review {operation}" + (f" → {target}" if target else ""),
+            )
+            decision: ReviewDecision | None = self._decisions[review_id]
+            assert decision is not None
+            outcome = "denied" if decision.decision == "deny" else "allowed"
+        except TimeoutError:
+            decision, outcome = None, "timed_out"
+        # The outcome is fixed from here: a decision arriving now is too late.
+        del self._open_reviews[review_id]
+        self._decisions.pop(review_id, None)
+        if not self._open_reviews:
+            self._set_status("running")
+        settled = await workflow.execute_activity_method(
+            XAgentActivities.settle_review,
+            SettleInput(
+                tool=tool,
+                review_id=review_id,
+                operation=OPERATION_OF[tool.call.name],
+                target=target,
+                outcome=outcome,
+                decision=decision,
+                timeout_s=timeout,
+            ),
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"review {outcome}",
+        )
+        return None if settled.allowed else settled.outcome
+
+    async def _delegate(self, tool: ToolMessage, args: InvokeAgentArgs, turn: int) -> ToolOutcome:
+        cfg = self._inp.config
+        return await workflow.execute_activity_method(
+            XAgentActivities.delegate,
+            DelegateInput(
+                tool=tool,
+                delegation_id=f"{tool.message_id}:delegation",
+                caller_session_id=self._inp.session_id,
+                user=self._inp.provenance.created_by_user,
+                target=args.slug,
+                prompt=args.prompt,
+                session_id=args.session_id,
+                sync=args.sync,
+                task_queue=workflow.info().task_queue,
+                config=cfg,
+                depth=self._inp.provenance.depth + 1,
+            ),
+            start_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
+            heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
+            retry_policy=DELEGATE_RETRY,
+            summary=f"invoke {args.slug}" + (" (sync)" if args.sync else "") + f" · turn {turn}",
+        )
+
+    async def _refuse(
+        self,
+        tool: ToolMessage,
+        code: str,
+        error: str,
+        *,
+        target: str | None = None,
+        audit: bool = True,
+    ) -> ToolOutcome:
+        return await workflow.execute_activity_method(
+            XAgentActivities.refuse_tool,
+            RefusalInput(
+                tool=tool,
+                error=error,
+                code=code,
+                operation=OPERATION_OF[tool.call.name],
+                target=target,
+                audit=audit,
+            ),
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"refuse {tool.call.name}: {code}",
         )
 
     async def _fail(

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 
-from api.deps import SessionDep
+from api.deps import CallerDep, SessionDep
 from api.problems import problem_responses
-from baton import registry
+from baton import auth, policies, registry
 from baton.contracts import ResolvedAgent
 from baton.schemas import (
     MAX_OFFSET,
@@ -33,11 +33,16 @@ SlugPath = Annotated[str, Path(pattern=SLUG_PATTERN, examples=["researcher"])]
     responses=problem_responses(400, 409, 422),
     summary="Create an agent (identity + draft)",
 )
-def create_agent(body: AgentCreate, session: SessionDep) -> AgentPublic:
-    """Create ``slug`` with its first draft. 409 ``agent_exists`` when taken."""
+def create_agent(body: AgentCreate, session: SessionDep, caller: CallerDep) -> AgentPublic:
+    """Create ``slug`` with its first draft. 409 ``agent_exists`` when taken.
+
+    In auth mode the creator becomes the agent's owner.
+    """
     agent = registry.create_agent(
         session, slug=body.slug, name=body.name, description=body.description, spec=body.spec
     )
+    if caller.auth:
+        auth.grant(session, agent=body.slug, user_id=caller.user, role="owner")
     session.commit()
     return registry.to_public(session, agent)
 
@@ -45,23 +50,30 @@ def create_agent(body: AgentCreate, session: SessionDep) -> AgentPublic:
 @router.get("", responses=problem_responses(422), summary="List agents")
 def list_agents(
     session: SessionDep,
+    caller: CallerDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[AgentPublic]:
-    """Agents ordered by slug."""
-    agents, total = registry.list_agents(session, limit=limit, offset=offset)
+    """Agents ordered by slug (in auth mode, those the user holds a role on)."""
+    agents, total = registry.list_agents(
+        session, limit=limit, offset=offset, only=caller.visible(session)
+    )
     return Page(data=[registry.to_public(session, a) for a in agents], count=total)
 
 
 @router.get("/{slug}", responses=problem_responses(404, 422), summary="Get an agent")
-def get_agent(slug: SlugPath, session: SessionDep) -> AgentPublic:
+def get_agent(slug: SlugPath, session: SessionDep, caller: CallerDep) -> AgentPublic:
     """The agent's identity, draft and live version."""
+    caller.require(session, slug, "viewer")
     return registry.to_public(session, registry.get_agent(session, slug=slug))
 
 
 @router.patch("/{slug}", responses=problem_responses(404, 422), summary="Edit name/description")
-def update_agent(slug: SlugPath, body: AgentUpdate, session: SessionDep) -> AgentPublic:
+def update_agent(
+    slug: SlugPath, body: AgentUpdate, session: SessionDep, caller: CallerDep
+) -> AgentPublic:
     """Name and description are identity metadata: editing them creates no revision."""
+    caller.require(session, slug, "owner")
     agent = registry.update_agent(session, slug=slug, name=body.name, description=body.description)
     session.commit()
     return registry.to_public(session, agent)
@@ -73,8 +85,9 @@ def update_agent(slug: SlugPath, body: AgentUpdate, session: SessionDep) -> Agen
     responses=problem_responses(404, 409, 422),
     summary="Delete an agent",
 )
-def delete_agent(slug: SlugPath, session: SessionDep) -> Response:
+def delete_agent(slug: SlugPath, session: SessionDep, caller: CallerDep) -> Response:
     """Delete identity, draft and revisions. 409 ``agent_in_use`` if a live revision uses it."""
+    caller.require(session, slug, "owner")
     registry.delete_agent(session, slug=slug)
     session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -83,8 +96,11 @@ def delete_agent(slug: SlugPath, session: SessionDep) -> Response:
 @router.put(
     "/{slug}/draft", responses=problem_responses(400, 404, 422), summary="Replace the draft"
 )
-def put_draft(slug: SlugPath, body: AgentSpec, session: SessionDep) -> AgentPublic:
+def put_draft(
+    slug: SlugPath, body: AgentSpec, session: SessionDep, caller: CallerDep
+) -> AgentPublic:
     """Replace the mutable draft; tree bounds are checked now, references at publish."""
+    caller.require(session, slug, "owner")
     agent = registry.save_draft(session, slug=slug, spec=body)
     session.commit()
     return registry.to_public(session, agent)
@@ -99,8 +115,11 @@ def put_draft(slug: SlugPath, body: AgentSpec, session: SessionDep) -> AgentPubl
     },
     summary="Publish the draft",
 )
-def publish(slug: SlugPath, session: SessionDep, response: Response) -> RevisionPublic:
+def publish(
+    slug: SlugPath, session: SessionDep, response: Response, caller: CallerDep
+) -> RevisionPublic:
     """Validate and publish the draft as the next version; 200 with the live one if identical."""
+    caller.require(session, slug, "owner")
     rev, created = registry.publish(session, slug=slug)
     session.commit()
     if not created:
@@ -109,8 +128,9 @@ def publish(slug: SlugPath, session: SessionDep, response: Response) -> Revision
 
 
 @router.get("/{slug}/revisions", responses=problem_responses(404, 422), summary="List revisions")
-def list_revisions(slug: SlugPath, session: SessionDep) -> Page[RevisionPublic]:
+def list_revisions(slug: SlugPath, session: SessionDep, caller: CallerDep) -> Page[RevisionPublic]:
     """Every published revision, newest first."""
+    caller.require(session, slug, "viewer")
     agent = registry.get_agent(session, slug=slug)
     revs = registry.list_revisions(session, slug=slug)
     return Page(data=[registry.revision_public(agent, r) for r in revs], count=len(revs))
@@ -122,9 +142,13 @@ def list_revisions(slug: SlugPath, session: SessionDep) -> Page[RevisionPublic]:
     summary="Get one revision",
 )
 def get_revision(
-    slug: SlugPath, version: Annotated[int, Path(ge=1, le=MAX_VERSION)], session: SessionDep
+    slug: SlugPath,
+    version: Annotated[int, Path(ge=1, le=MAX_VERSION)],
+    session: SessionDep,
+    caller: CallerDep,
 ) -> RevisionPublic:
     """Revision ``version``; 404 ``revision_not_found`` when it does not exist."""
+    caller.require(session, slug, "viewer")
     rev = registry.get_revision(session, slug=slug, version=version)
     return registry.revision_public(registry.get_agent(session, slug=slug), rev)
 
@@ -134,8 +158,11 @@ def get_revision(
     responses=problem_responses(404, 422),
     summary="Copy a revision into the draft",
 )
-def restore(slug: SlugPath, body: VersionBody, session: SessionDep) -> AgentPublic:
+def restore(
+    slug: SlugPath, body: VersionBody, session: SessionDep, caller: CallerDep
+) -> AgentPublic:
     """The draft becomes revision ``version``'s spec; the live pointer stays."""
+    caller.require(session, slug, "owner")
     agent = registry.restore(session, slug=slug, version=body.version)
     session.commit()
     return registry.to_public(session, agent)
@@ -146,8 +173,11 @@ def restore(slug: SlugPath, body: VersionBody, session: SessionDep) -> AgentPubl
     responses=problem_responses(400, 404, 422),
     summary="Move the live pointer",
 )
-def rollback(slug: SlugPath, body: VersionBody, session: SessionDep) -> AgentPublic:
+def rollback(
+    slug: SlugPath, body: VersionBody, session: SessionDep, caller: CallerDep
+) -> AgentPublic:
     """The live pointer moves to existing revision ``version``; nothing new is stored."""
+    caller.require(session, slug, "owner")
     agent = registry.rollback(session, slug=slug, version=body.version)
     session.commit()
     return registry.to_public(session, agent)
@@ -156,8 +186,9 @@ def rollback(slug: SlugPath, body: VersionBody, session: SessionDep) -> AgentPub
 @router.post(
     "/{slug}/retire", responses=problem_responses(404, 409, 422), summary="Retire an agent"
 )
-def retire(slug: SlugPath, session: SessionDep) -> AgentPublic:
+def retire(slug: SlugPath, session: SessionDep, caller: CallerDep) -> AgentPublic:
     """Clear the live pointer; launches are refused with ``agent_retired`` afterwards."""
+    caller.require(session, slug, "owner")
     agent = registry.retire(session, slug=slug)
     session.commit()
     return registry.to_public(session, agent)
@@ -171,10 +202,50 @@ def retire(slug: SlugPath, session: SessionDep) -> AgentPublic:
 def resolved(
     slug: SlugPath,
     session: SessionDep,
+    caller: CallerDep,
     version: Annotated[
         int | None, Query(ge=1, le=MAX_VERSION, description="A pinned revision; omit = live")
     ] = None,
 ) -> ResolvedAgent:
     """The revision after inheritance and narrowing (README 'Resolution rules')."""
+    caller.require(session, slug, "viewer")
     ref = f"{slug}@{version}" if version is not None else slug
     return registry.resolve_agent(session, ref=ref)
+
+
+@router.get(
+    "/{slug}/policies",
+    responses=problem_responses(404, 422),
+    summary="X-Agent policies of an agent",
+    tags=["policies"],
+)
+def get_policies(slug: SlugPath, session: SessionDep, caller: CallerDep) -> policies.Policies:
+    """``{global: {list, read, invoke}, targets: {slug: {read, invoke}}}``; review = no row.
+
+    In auth mode, targets the user cannot see are hidden (seed 003).
+    """
+    caller.require(session, slug, "viewer")
+    current = policies.get_policies(session, caller=slug)
+    visible = caller.visible(session)
+    if visible is not None:
+        current.targets = {t: p for t, p in current.targets.items() if t in visible}
+    return current
+
+
+@router.put(
+    "/{slug}/policies",
+    responses=problem_responses(404, 422),
+    summary="Replace the X-Agent policies of an agent",
+    tags=["policies"],
+)
+def put_policies(
+    slug: SlugPath, body: policies.Policies, session: SessionDep, caller: CallerDep
+) -> policies.Policies:
+    """Replace every policy row of ``slug`` as caller (seed 003, 'Managing policies').
+
+    404 for an unknown target; 422 ``invalid_policy`` when the agent names itself.
+    """
+    caller.require(session, slug, "owner")
+    result = policies.put_policies(session, caller=slug, policies=body)
+    session.commit()
+    return result

@@ -9,15 +9,17 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, status
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.engine import Engine
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from api.deps import EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
 from baton import launch, sessions
+from baton.auth import Role
 from baton.contracts import MAX_MESSAGE_CHARS, Provenance
 from baton.db import session_scope
 from baton.schemas import MAX_OFFSET, Page
-from baton.spec import REF_PATTERN, SafeText
+from baton.spec import REF_PATTERN, SafeText, parse_ref
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -27,6 +29,13 @@ POLL_S = 0.2
 MAX_EVENT_ID = 2**62
 #: Statuses that end an ``until=idle`` stream.
 CLOSING = ("idle", "cancelled", "failed")
+
+
+def _require(engine: Engine, caller: Caller, role: Role, *, session_id: str) -> None:
+    """ACL on the session's agent (auth mode); 404 for an unknown session either way."""
+    with session_scope(engine) as s:
+        row = sessions.get_session(s, session_id=session_id)
+        caller.require(s, row.agent_slug, role)
 
 
 def _prompt(value: str) -> str:
@@ -118,9 +127,23 @@ class CancelAccepted(BaseModel):
     summary="Start a session",
 )
 async def create_session(
-    body: SessionCreate, engine: EngineDep, settings: SettingsDep, client: TemporalDep
+    body: SessionCreate,
+    engine: EngineDep,
+    settings: SettingsDep,
+    client: TemporalDep,
+    caller: CallerDep,
 ) -> SessionAccepted:
-    """Resolve the agent to a pin, start its SessionWorkflow with the first message."""
+    """Resolve the agent to a pin, start its SessionWorkflow with the first message.
+
+    In auth mode the user needs the ``user`` role on the agent (403 ``forbidden``).
+    """
+    if caller.auth:
+
+        def check() -> None:
+            with session_scope(engine) as s:
+                caller.require(s, parse_ref(body.agent)[0], "user")
+
+        await asyncio.to_thread(check)
     launched = await launch.launch_session(
         client,
         engine,
@@ -128,7 +151,7 @@ async def create_session(
         config=settings.session_config(),
         ref=body.agent,
         prompt=body.prompt,
-        provenance=Provenance(created_by_user="local"),
+        provenance=Provenance(created_by_user=caller.user),
         sync=body.sync,
         name=body.name,
     )
@@ -154,8 +177,10 @@ async def send_message(
     engine: EngineDep,
     settings: SettingsDep,
     client: TemporalDep,
+    caller: CallerDep,
 ) -> SessionAccepted:
     """Deliver a message by Update; 409 ``session_busy`` while a turn runs."""
+    await asyncio.to_thread(_require, engine, caller, "user", session_id=session_id)
     outcome, text = await launch.send_message(
         client, engine, session_id=session_id, prompt=body.prompt, sync=body.sync
     )
@@ -179,27 +204,37 @@ async def send_message(
 @router.get("", responses=problem_responses(422), summary="List sessions")
 def list_sessions(
     session: SessionDep,
+    caller: CallerDep,
     agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[sessions.SessionPublic]:
     """Sessions newest first, optionally of one agent."""
-    rows, total = sessions.list_sessions(session, agent=agent, limit=limit, offset=offset)
+    rows, total = sessions.list_sessions(
+        session, agent=agent, limit=limit, offset=offset, agents=caller.visible(session)
+    )
     return Page(data=[sessions.to_public(r) for r in rows], count=total)
 
 
 @router.get("/{session_id}", responses=problem_responses(404, 422), summary="Get a session")
 def get_session(
-    session_id: SessionIdPath, session: SessionDep, settings: SettingsDep
+    session_id: SessionIdPath, session: SessionDep, settings: SettingsDep, caller: CallerDep
 ) -> SessionDetail:
     """Status, counters, provenance and the Temporal UI link."""
-    public = sessions.to_public(sessions.get_session(session, session_id=session_id))
+    row = sessions.get_session(session, session_id=session_id)
+    caller.require(session, row.agent_slug, "viewer")
+    public = sessions.to_public(row)
     return SessionDetail(**public.model_dump(), workflow_url=settings.workflow_url(session_id))
 
 
 @router.get("/{session_id}/transcript", responses=problem_responses(404, 422), summary="Transcript")
-def get_transcript(session_id: SessionIdPath, session: SessionDep) -> sessions.Transcript:
+def get_transcript(
+    session_id: SessionIdPath, session: SessionDep, caller: CallerDep
+) -> sessions.Transcript:
     """Status line then messages; tool I/O summarised, thinking never stored."""
+    caller.require(
+        session, sessions.get_session(session, session_id=session_id).agent_slug, "viewer"
+    )
     return sessions.transcript(session, session_id=session_id)
 
 
@@ -215,6 +250,7 @@ async def stream_events(
     session_id: SessionIdPath,
     request: Request,
     engine: EngineDep,
+    caller: CallerDep,
     last_event_id: Annotated[
         int | None, Header(alias="Last-Event-ID", ge=0, le=MAX_EVENT_ID)
     ] = None,
@@ -231,7 +267,8 @@ async def stream_events(
     Each event has ``id`` (the resume cursor), ``event`` (message, chunk,
     status, …) and JSON ``data``. Disconnecting never affects the run.
     """
-    await asyncio.to_thread(launch.session_status, engine, session_id)  # 404 before streaming
+    # 404 / 403 before streaming
+    await asyncio.to_thread(_require, engine, caller, "viewer", session_id=session_id)
     cursor = last_event_id if last_event_id is not None else (after or 0)
 
     def fetch(after_id: int) -> tuple[list[tuple[int, str, str]], str]:
@@ -264,9 +301,10 @@ async def stream_events(
     summary="Cancel a session",
 )
 async def cancel(
-    session_id: SessionIdPath, engine: EngineDep, client: TemporalDep
+    session_id: SessionIdPath, engine: EngineDep, client: TemporalDep, caller: CallerDep
 ) -> CancelAccepted:
     """Cancel the running turn and close the session (idempotent)."""
+    await asyncio.to_thread(_require, engine, caller, "user", session_id=session_id)
     await launch.cancel_session(client, engine, session_id=session_id)
     state = await asyncio.to_thread(launch.session_status, engine, session_id)
     closed: Literal["cancelled", "failed"] | None = (

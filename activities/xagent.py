@@ -1,0 +1,522 @@
+"""X-Agent activities: authorize (ACL, policy, open a review), settle a review, refuse,
+run list/create/read tools, and delegate (invoke_agent) — seeds 000 and 003, DESIGN §4-6.
+
+Every activity stores the tool call's result as a ``tool`` message under the id
+the workflow chose, in the same transaction as its other writes, so a retry
+finds the stored result instead of acting twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from activities.session import PREVIEW_CHARS, heartbeating
+from baton import auth, launch, policies, registry, reviews, sessions
+from baton.contracts import (
+    CLOSED_STATUSES,
+    AuthorizeInput,
+    AuthorizeResult,
+    CreateAgentArgs,
+    DelegateInput,
+    GetAgentSessionsArgs,
+    GetTranscriptArgs,
+    Provenance,
+    RefusalInput,
+    ReviewDecision,
+    SettleInput,
+    SettleResult,
+    ToolMessage,
+    ToolOutcome,
+    XAgentCall,
+)
+from baton.db import Agent, AgentLivePointer, SessionRow, session_scope, utcnow
+from baton.errors import BatonError, EngineUnavailable
+from baton.spec import AgentSpec
+
+#: Longest inline reply an invoke returns to the caller's model (characters).
+MAX_INLINE_REPLY = 32_000
+#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
+DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
+TRANSCRIPT_POLL_S = 0.25
+AUDIT_OUTCOME = {"allowed": "allow", "denied": "denied_by_user", "timed_out": "review_timeout"}
+
+
+def stored_outcome(s: Session, message_id: str) -> ToolOutcome | None:
+    """The result stored for ``message_id`` by an earlier attempt, if any."""
+    done = sessions.get_message(s, message_id=message_id)
+    if done is None:
+        return None
+    return ToolOutcome(message_id=done.id, ok=not done.is_error, preview=done.text[:PREVIEW_CHARS])
+
+
+def store_result(s: Session, tool: ToolMessage, text: str, *, ok: bool) -> ToolOutcome:
+    """Store a tool call's result (or error) as the ``tool`` message the model will read."""
+    sessions.add_message(
+        s,
+        message_id=tool.message_id,
+        session_id=tool.session_id,
+        position=tool.position,
+        role="tool",
+        agent_slug=tool.agent_slug,
+        text=text,
+        tool_name=tool.call.name,
+        tool_call_id=tool.call.id,
+        tool_args=tool.call.args,
+        is_error=not ok,
+    )
+    return ToolOutcome(message_id=tool.message_id, ok=ok, preview=text[:PREVIEW_CHARS])
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _slugify(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:56].strip("-")
+    return slug or "agent"
+
+
+def _agent(s: Session, slug: str) -> Agent | None:
+    return s.exec(select(Agent).where(Agent.slug == slug)).first()
+
+
+class XAgentActivities:
+    """The X-Agent activities, built with the DB engine and a Temporal client."""
+
+    def __init__(self, engine: Engine, client: Client) -> None:
+        self._engine = engine
+        self._client = client
+
+    # --- authorize: ACL, then policy, then (maybe) a review -------------------
+
+    @activity.defn(name="authorize")
+    def authorize(self, inp: AuthorizeInput) -> AuthorizeResult:
+        """ACL (auth mode), then policy precedence; ``review`` opens a review row.
+
+        Seed 003: ACL checks run first; block is audited and refused at once;
+        review records the row, a ``review_requested`` event and the session
+        status ``awaiting_input``. Refusals are stored as the tool's error result.
+        """
+        tool = inp.tool
+        caller = tool.agent_slug
+        with session_scope(self._engine) as s:
+            done = stored_outcome(s, tool.message_id)
+            if done is not None:
+                return AuthorizeResult(decision="refused", outcome=done)
+
+            def refuse(text: str, decided_by: str | None) -> AuthorizeResult:
+                if decided_by is not None:
+                    reviews.add_audit(
+                        s,
+                        session_id=tool.session_id,
+                        caller=caller,
+                        operation=inp.operation,
+                        target=inp.target,
+                        outcome="block",
+                        decided_by=decided_by,
+                        reason=text,
+                    )
+                return AuthorizeResult(
+                    decision="refused", outcome=store_result(s, tool, text, ok=False)
+                )
+
+            if inp.target is not None and _agent(s, inp.target) is None:
+                return refuse(f"no agent '{inp.target}'; call list_agents to find slugs", None)
+            if inp.auth and inp.target is not None:
+                need: auth.Role = "user" if inp.operation == "invoke" else "viewer"
+                if not auth.has_role(s, user_id=inp.user, agent=inp.target, role=need):
+                    return refuse(
+                        f"access denied: {inp.operation} on '{inp.target}' needs the {need} "
+                        f"role for user '{inp.user}', who does not have it",
+                        "acl",
+                    )
+            verdict = policies.decide(s, caller=caller, operation=inp.operation, target=inp.target)
+            if verdict == "allow":
+                return AuthorizeResult(decision="allow")
+            if verdict == "block":
+                what = f"{inp.operation} '{inp.target}'" if inp.target else inp.operation
+                return refuse(f"blocked by policy: {caller} may not {what}", "policy")
+            row, created = reviews.open_review(
+                s,
+                review_id=inp.review_id,
+                session_id=tool.session_id,
+                caller=caller,
+                operation=inp.operation,
+                target=inp.target,
+                preview=inp.preview,
+            )
+            if created:
+                sessions.append_event(
+                    s,
+                    session_id=tool.session_id,
+                    type="review_requested",
+                    data={
+                        "review_id": row.id,
+                        "caller": caller,
+                        "operation": inp.operation,
+                        "target": inp.target,
+                        "preview": inp.preview,
+                    },
+                )
+                sessions.set_status(s, session_id=tool.session_id, status="awaiting_input")
+            return AuthorizeResult(decision="review")
+
+    # --- settle_review: the one outcome of a review ---------------------------
+
+    @activity.defn(name="settle_review")
+    async def settle_review(self, inp: SettleInput) -> SettleResult:
+        """Record a review's outcome once: row, audit, saved policy, refusal result.
+
+        An ``always_allow`` (never for create) saves the policy; every other
+        pending review that the new policy now allows is then resolved by
+        signalling its session (seed 003, 'Always Allow').
+        """
+        result, covered = await asyncio.to_thread(self._settle, inp)
+        for review_id, session_id in covered:
+            decision = ReviewDecision(
+                review_id=review_id,
+                decision="allow_once",
+                decided_by=f"policy (always_allow on {inp.review_id})",
+            )
+            try:
+                await self._client.get_workflow_handle(session_id).signal(
+                    "review_decision", decision
+                )
+            except RPCError as exc:  # that session ended meanwhile: nothing left to resolve
+                activity.logger.info("review %s not resolved: %s", review_id, exc.message)
+        return result
+
+    def _settle(self, inp: SettleInput) -> tuple[SettleResult, list[tuple[str, str]]]:
+        tool = inp.tool
+        covered: list[tuple[str, str]] = []
+        with session_scope(self._engine) as s:
+            row = reviews.get_review(s, review_id=inp.review_id)
+            if row.status == "pending":
+                d = inp.decision
+                row.status = inp.outcome
+                row.decision = d.decision if d else None
+                row.decided_by = d.decided_by if d else "timeout"
+                row.decision_id = d.decision_id if d else None
+                row.decided_at = utcnow()
+                saved = False
+                if d is not None and d.decision == "always_allow" and row.operation != "create":
+                    scope = "all" if row.operation == "list" else (d.scope or "target")
+                    row.scope = scope
+                    policies.save_policy(
+                        s,
+                        caller=row.caller_agent_slug,
+                        operation=row.operation,
+                        target=None if scope == "all" else row.target_agent_slug,
+                        decision="allow",
+                    )
+                    saved = True
+                s.add(row)
+                reason = f"no decision within {inp.timeout_s:g} s" if d is None else d.decision
+                reviews.add_audit(
+                    s,
+                    session_id=row.session_id,
+                    review_id=row.id,
+                    caller=row.caller_agent_slug,
+                    operation=row.operation,
+                    target=row.target_agent_slug,
+                    outcome=AUDIT_OUTCOME[inp.outcome],  # type: ignore[arg-type]
+                    decided_by=row.decided_by,
+                    reason=reason,
+                )
+                sessions.append_event(
+                    s,
+                    session_id=row.session_id,
+                    type="review_resolved",
+                    data={"review_id": row.id, "status": row.status, "decided_by": row.decided_by},
+                )
+                if inp.outcome != "allowed":
+                    what = (
+                        f"{row.operation} '{row.target_agent_slug}'"
+                        if row.target_agent_slug
+                        else row.operation
+                    )
+                    text = (
+                        f"the review timed out after {inp.timeout_s:g} s without a decision; "
+                        f"the {what} operation was denied"
+                        if inp.outcome == "timed_out"
+                        else f"the {what} operation was denied by {row.decided_by}"
+                    )
+                    store_result(s, tool, text, ok=False)
+                if reviews.pending_in_session(s, session_id=row.session_id) == 0:
+                    srow = sessions.get_session(s, session_id=row.session_id)
+                    if srow.status == "awaiting_input":
+                        sessions.set_status(s, session_id=row.session_id, status="running")
+                if saved:
+                    for other in reviews.pending_for(
+                        s, caller=row.caller_agent_slug, operation=row.operation
+                    ):
+                        verdict = policies.decide(
+                            s,
+                            caller=other.caller_agent_slug,
+                            operation=other.operation,
+                            target=other.target_agent_slug,
+                        )
+                        if other.id != row.id and verdict == "allow":
+                            covered.append((other.id, other.session_id))
+            allowed = row.status == "allowed"
+            outcome = None if allowed else stored_outcome(s, tool.message_id)
+            return SettleResult(allowed=allowed, outcome=outcome), covered
+
+    # --- refuse_tool: guards and malformed arguments ---------------------------
+
+    @activity.defn(name="refuse_tool")
+    def refuse_tool(self, inp: RefusalInput) -> ToolOutcome:
+        """Store a refusal as the tool's error result; guard refusals are audited as blocks."""
+        with session_scope(self._engine) as s:
+            done = stored_outcome(s, inp.tool.message_id)
+            if done is not None:
+                return done
+            if inp.audit and inp.operation is not None:
+                reviews.add_audit(
+                    s,
+                    session_id=inp.tool.session_id,
+                    caller=inp.tool.agent_slug,
+                    operation=inp.operation,
+                    target=inp.target,
+                    outcome="block",
+                    decided_by="guard",
+                    reason=inp.code,
+                )
+            return store_result(s, inp.tool, f"{inp.code}: {inp.error}", ok=False)
+
+    # --- list / create / read ----------------------------------------------------
+
+    @activity.defn(name="xagent_tool")
+    def xagent_tool(self, inp: XAgentCall) -> ToolOutcome:
+        """Run list_agents, create_agent, get_agent_sessions or get_agent_session_transcript."""
+        tool = inp.tool
+        name = tool.call.name
+        if name == "get_agent_session_transcript":
+            self._wait_for_turn(inp)
+        with session_scope(self._engine) as s:
+            done = stored_outcome(s, tool.message_id)
+            if done is not None:
+                return done
+            try:
+                with s.begin_nested():
+                    text = self._run(s, inp)
+                ok = True
+            except (BatonError, ValidationError) as exc:
+                detail = exc.detail if isinstance(exc, BatonError) else str(exc)
+                text, ok = f"{name} failed: {detail}", False
+            return store_result(s, tool, text, ok=ok)
+
+    def _run(self, s: Session, inp: XAgentCall) -> str:
+        caller = inp.tool.agent_slug
+        call = inp.tool.call
+        if call.name == "list_agents":
+            return self._list_agents(s, caller, inp)
+        if call.name == "create_agent":
+            return self._create_agent(s, caller, inp, CreateAgentArgs.model_validate(call.args))
+        if call.name == "get_agent_sessions":
+            args = GetAgentSessionsArgs.model_validate(call.args)
+            registry.get_agent(s, slug=args.slug)
+            rows, total = sessions.list_sessions(
+                s, agent=args.slug, limit=args.limit, offset=args.offset
+            )
+            return _json(
+                {
+                    "sessions": [
+                        {
+                            "session_id": r.id,
+                            "name": r.name,
+                            "created_at": r.created_at.isoformat(),
+                            "last_activity_at": r.last_activity_at.isoformat(),
+                            "message_count": r.message_count,
+                            "running": r.status in ("running", "awaiting_input"),
+                        }
+                        for r in rows
+                    ],
+                    "count": total,
+                }
+            )
+        args_t = GetTranscriptArgs.model_validate(call.args)
+        return self._transcript(s, args_t)
+
+    @staticmethod
+    def _list_agents(s: Session, caller: str, inp: XAgentCall) -> str:
+        rows = s.exec(
+            select(Agent)
+            .join(AgentLivePointer, col(AgentLivePointer.agent_id) == col(Agent.id))
+            .where(Agent.slug != caller, col(Agent.retired).is_(False))
+            .order_by(col(Agent.slug))
+        ).all()
+        visible = set(auth.accessible(s, user_id=inp.user)) if inp.auth else None
+        agents = [
+            {"slug": a.slug, "name": a.name, "description": a.description}
+            for a in rows
+            if visible is None or a.slug in visible
+        ]
+        return _json({"agents": agents})
+
+    @staticmethod
+    def _create_agent(s: Session, caller: str, inp: XAgentCall, args: CreateAgentArgs) -> str:
+        base = _slugify(args.name)
+        slug, n = base, 2
+        while _agent(s, slug) is not None:
+            slug, n = f"{base}-{n}", n + 1
+        spec = AgentSpec.model_validate({"system_prompt": args.instructions or ""})
+        registry.create_agent(
+            s, slug=slug, name=args.name, description=args.description or "", spec=spec
+        )
+        registry.publish(s, slug=slug)
+        if inp.auth:
+            auth.copy_acl(s, source=caller, target=slug, owner=inp.user)
+        return _json({"slug": slug, "name": args.name, "version": 1})
+
+    def _wait_for_turn(self, inp: XAgentCall) -> None:
+        """sync=true on a running session: wait for its turn to end (seed 000)."""
+        try:
+            args = GetTranscriptArgs.model_validate(inp.tool.call.args)
+        except ValidationError:
+            return
+        if not args.sync:
+            return
+        while True:
+            with session_scope(self._engine) as s:
+                row = s.get(SessionRow, args.session_id)
+                if row is None or row.status not in ("running", "awaiting_input"):
+                    return
+            activity.heartbeat()
+            time.sleep(TRANSCRIPT_POLL_S)
+
+    @staticmethod
+    def _transcript(s: Session, args: GetTranscriptArgs) -> str:
+        row = sessions.get_session(s, session_id=args.session_id)
+        if row.agent_slug != args.slug:
+            raise SessionOfOtherAgent(
+                f"session '{args.session_id}' is not a session of '{args.slug}'"
+            )
+        lines = [f"status: {row.status}"]
+        for m in sessions.messages(s, session_id=args.session_id):
+            if m.role == "tool":
+                given = sessions.summarise(sessions.json_compact(m.tool_args or {}), 200)
+                got = sessions.summarise(m.text, 200)
+                lines.append(f"[tool {m.tool_name}] input: {given} → output: {got}")
+                continue
+            text = m.text
+            if m.tool_calls:
+                text += " " + " ".join(f"(calls {c['name']})" for c in m.tool_calls)
+            lines.append(f"[{m.role}{' ' + m.agent_slug if m.role == 'assistant' else ''}] {text}")
+        return "\n".join(lines)
+
+    # --- delegate: invoke_agent -------------------------------------------------
+
+    @activity.defn(name="delegate")
+    async def delegate(self, inp: DelegateInput) -> ToolOutcome:
+        """Start or continue the target's session (DESIGN §4, seed 000 invoke_agent).
+
+        The new session's id derives from the delegation id and the message's
+        Update id is the delegation id, so a retried activity attaches to what its
+        first attempt started. Sync returns the target's final message inline;
+        async returns the session id with status ``running``. Errors the caller
+        can act on (unknown session, busy, retired target) are its tool error;
+        Temporal being unreachable is retried.
+        """
+        tool = inp.tool
+        done = await asyncio.to_thread(self._stored, tool.message_id)
+        if done is not None:
+            return done
+        caller = tool.agent_slug
+        async with heartbeating():
+            try:
+                if inp.session_id is None:
+                    session_id = f"session-{uuid.uuid5(DELEGATION_NS, inp.delegation_id)}"
+                    launched = await launch.launch_session(
+                        self._client,
+                        self._engine,
+                        task_queue=inp.task_queue,
+                        config=inp.config,
+                        ref=inp.target,
+                        prompt=inp.prompt,
+                        provenance=Provenance(
+                            created_by_user=inp.user,
+                            invoked_by_agent=caller,
+                            parent_session_id=inp.caller_session_id,
+                            depth=inp.depth,
+                        ),
+                        sync=inp.sync,
+                        name=f"Invoked by {caller}",
+                        session_id=session_id,
+                        update_id=inp.delegation_id,
+                    )
+                    reply = launched.response
+                else:
+                    session_id = inp.session_id
+                    await asyncio.to_thread(self._check_continuable, inp)
+                    _, reply = await launch.send_message(
+                        self._client,
+                        self._engine,
+                        session_id=session_id,
+                        prompt=inp.prompt,
+                        sync=inp.sync,
+                        update_id=inp.delegation_id,
+                        invoked_by_agent=caller,
+                    )
+            except EngineUnavailable:
+                raise  # Temporal unreachable: retry the activity
+            except BatonError as exc:
+                text = f"invoke_agent failed ({exc.code}): {exc.detail}"
+                return await asyncio.to_thread(self._store, tool, text, False)
+        result: dict[str, Any] = {
+            "session_id": session_id,
+            "status": "completed" if inp.sync else "running",
+        }
+        if inp.sync:
+            reply = reply or ""
+            if len(reply) > MAX_INLINE_REPLY:
+                reply = (
+                    reply[:MAX_INLINE_REPLY]
+                    + " … (cut; read the rest with get_agent_session_transcript)"
+                )
+            result["response"] = reply
+        return await asyncio.to_thread(self._store, tool, _json(result), True)
+
+    def _check_continuable(self, inp: DelegateInput) -> None:
+        with session_scope(self._engine) as s:
+            row = sessions.get_session(s, session_id=inp.session_id or "")
+            if row.agent_slug != inp.target:
+                raise SessionOfOtherAgent(
+                    f"session '{row.id}' is a session of '{row.agent_slug}', not '{inp.target}'"
+                )
+            if row.status in CLOSED_STATUSES:
+                raise SessionNotContinuable(f"session '{row.id}' is {row.status}")
+
+    def _stored(self, message_id: str) -> ToolOutcome | None:
+        with session_scope(self._engine) as s:
+            return stored_outcome(s, message_id)
+
+    def _store(self, tool: ToolMessage, text: str, ok: bool) -> ToolOutcome:
+        with session_scope(self._engine) as s:
+            done = stored_outcome(s, tool.message_id)
+            return done if done is not None else store_result(s, tool, text, ok=ok)
+
+
+class SessionOfOtherAgent(BatonError):
+    """A session id given for one agent belongs to another."""
+
+    code = "session_of_other_agent"
+
+
+class SessionNotContinuable(BatonError):
+    """The session to continue is closed."""
+
+    code = "session_closed"
+    status = 409

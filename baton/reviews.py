@@ -1,0 +1,305 @@
+"""Reviews and the audit log (seed 003, 'The review flow' and 'Audit trail'; DESIGN §6).
+
+A review row is opened by the ``authorize`` activity and settled exactly once
+by ``settle_review`` with the outcome the workflow chose (decision or timeout).
+Every settled review and every block gets an audit row.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from baton.db import AuditRow, ReviewRow, utcnow
+from baton.errors import Conflict, NotFound
+
+ReviewStatus = Literal["pending", "allowed", "denied", "timed_out", "cancelled"]
+AuditOutcome = Literal["allow", "block", "denied_by_user", "review_timeout"]
+
+
+class ReviewNotFound(NotFound):
+    """No review with this id."""
+
+    code = "review_not_found"
+
+
+class ReviewDecided(Conflict):
+    """The review already has its outcome; a later decision changes nothing."""
+
+    code = "review_already_decided"
+
+
+class ReviewPublic(BaseModel):
+    """A review as the API shows it (DESIGN §8)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "review-2f0c…",
+                    "session_id": "session-6f1c…",
+                    "caller": "coordinator",
+                    "operation": "invoke",
+                    "target": "fact-checker",
+                    "preview": "Check: the Q3 revenue grew 12%",
+                    "status": "pending",
+                    "decision": None,
+                    "scope": None,
+                    "decided_by": None,
+                    "created_at": "2026-11-29T12:00:00Z",
+                    "decided_at": None,
+                }
+            ]
+        }
+    )
+
+    id: str
+    session_id: str
+    caller: str
+    operation: str
+    target: str | None
+    preview: str
+    status: ReviewStatus
+    decision: str | None
+    scope: str | None
+    decided_by: str | None
+    created_at: datetime
+    decided_at: datetime | None
+
+
+class AuditPublic(BaseModel):
+    """One audit entry (seed 003, 'Audit trail')."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "session_id": "session-6f1c…",
+                    "review_id": "review-2f0c…",
+                    "caller": "coordinator",
+                    "operation": "invoke",
+                    "target": "fact-checker",
+                    "outcome": "allow",
+                    "decided_by": "local",
+                    "reason": "allow_once",
+                    "at": "2026-11-29T12:00:04Z",
+                }
+            ]
+        }
+    )
+
+    id: int
+    session_id: str
+    review_id: str | None
+    caller: str
+    operation: str
+    target: str | None
+    outcome: AuditOutcome
+    decided_by: str
+    reason: str
+    at: datetime
+
+
+def review_public(row: ReviewRow) -> ReviewPublic:
+    """The API view of a review row."""
+    return ReviewPublic(
+        id=row.id,
+        session_id=row.session_id,
+        caller=row.caller_agent_slug,
+        operation=row.operation,
+        target=row.target_agent_slug,
+        preview=row.preview,
+        status=row.status,
+        decision=row.decision,
+        scope=row.scope,
+        decided_by=row.decided_by,
+        created_at=row.created_at,
+        decided_at=row.decided_at,
+    )
+
+
+def audit_public(row: AuditRow) -> AuditPublic:
+    """The API view of an audit row."""
+    assert row.id is not None
+    return AuditPublic(
+        id=row.id,
+        session_id=row.session_id,
+        review_id=row.review_id,
+        caller=row.caller_agent_slug,
+        operation=row.operation,
+        target=row.target_agent_slug,
+        outcome=row.outcome,
+        decided_by=row.decided_by,
+        reason=row.reason,
+        at=row.at,
+    )
+
+
+def open_review(
+    session: Session,
+    *,
+    review_id: str,
+    session_id: str,
+    caller: str,
+    operation: str,
+    target: str | None,
+    preview: str,
+) -> tuple[ReviewRow, bool]:
+    """Insert the review once: ``(row, created)`` (a retried activity finds its row)."""
+    row = session.get(ReviewRow, review_id)
+    if row is not None:
+        return row, False
+    row = ReviewRow(
+        id=review_id,
+        session_id=session_id,
+        caller_agent_slug=caller,
+        operation=operation,
+        target_agent_slug=target,
+        preview=preview,
+    )
+    session.add(row)
+    session.flush()
+    return row, True
+
+
+def get_review(session: Session, *, review_id: str) -> ReviewRow:
+    """The review. Raises ReviewNotFound."""
+    row = session.get(ReviewRow, review_id)
+    if row is None:
+        raise ReviewNotFound(f"no review '{review_id}'")
+    return row
+
+
+def list_reviews(
+    session: Session,
+    *,
+    status: str | None = None,
+    session_id: str | None = None,
+    callers: list[str] | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[ReviewRow], int]:
+    """Reviews newest first, filtered; ``callers`` limits to those agents (auth mode)."""
+    conditions = []
+    if status is not None:
+        conditions.append(col(ReviewRow.status) == status)
+    if session_id is not None:
+        conditions.append(col(ReviewRow.session_id) == session_id)
+    if callers is not None:
+        conditions.append(col(ReviewRow.caller_agent_slug).in_(callers))
+    total = session.exec(select(func.count()).select_from(ReviewRow).where(*conditions)).one()
+    rows = session.exec(
+        select(ReviewRow)
+        .where(*conditions)
+        .order_by(col(ReviewRow.created_at).desc(), col(ReviewRow.id))
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return list(rows), int(total)
+
+
+def pending_for(session: Session, *, caller: str, operation: str) -> list[ReviewRow]:
+    """Pending reviews of ``caller`` for ``operation`` (candidates a new policy may cover)."""
+    return list(
+        session.exec(
+            select(ReviewRow).where(
+                ReviewRow.caller_agent_slug == caller,
+                ReviewRow.operation == operation,
+                ReviewRow.status == "pending",
+            )
+        ).all()
+    )
+
+
+def pending_in_session(session: Session, *, session_id: str) -> int:
+    """How many reviews of ``session_id`` still wait for a decision."""
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(ReviewRow)
+            .where(ReviewRow.session_id == session_id, ReviewRow.status == "pending")
+        ).one()
+    )
+
+
+def close_pending(session: Session, *, session_id: str, by: str) -> int:
+    """Mark a closed session's pending reviews ``cancelled``; returns how many."""
+    rows = session.exec(
+        select(ReviewRow).where(ReviewRow.session_id == session_id, ReviewRow.status == "pending")
+    ).all()
+    for row in rows:
+        row.status = "cancelled"
+        row.decided_by = by
+        row.decided_at = utcnow()
+        session.add(row)
+    session.flush()
+    return len(rows)
+
+
+def add_audit(
+    session: Session,
+    *,
+    session_id: str,
+    caller: str,
+    operation: str,
+    target: str | None,
+    outcome: AuditOutcome,
+    decided_by: str,
+    review_id: str | None = None,
+    reason: str = "",
+) -> AuditRow:
+    """Append one audit row (flush only)."""
+    row = AuditRow(
+        session_id=session_id,
+        review_id=review_id,
+        caller_agent_slug=caller,
+        operation=operation,
+        target_agent_slug=target,
+        outcome=outcome,
+        decided_by=decided_by,
+        reason=reason[:500],
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def list_audit(
+    session: Session,
+    *,
+    caller: str | None = None,
+    target: str | None = None,
+    operation: str | None = None,
+    outcome: str | None = None,
+    session_id: str | None = None,
+    callers: list[str] | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[AuditRow], int]:
+    """Audit rows newest first, filtered; ``callers`` limits to those agents (auth mode)."""
+    conditions = []
+    for column, value in (
+        (AuditRow.caller_agent_slug, caller),
+        (AuditRow.target_agent_slug, target),
+        (AuditRow.operation, operation),
+        (AuditRow.outcome, outcome),
+        (AuditRow.session_id, session_id),
+    ):
+        if value is not None:
+            conditions.append(col(column) == value)
+    if callers is not None:
+        conditions.append(col(AuditRow.caller_agent_slug).in_(callers))
+    total = session.exec(select(func.count()).select_from(AuditRow).where(*conditions)).one()
+    rows = session.exec(
+        select(AuditRow)
+        .where(*conditions)
+        .order_by(col(AuditRow.id).desc())
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return list(rows), int(total)

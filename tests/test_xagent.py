@@ -1,0 +1,63 @@
+"""X-Agent tools, guards, policies and reviews on a real dev server (seeds 000, 003)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.engine import Engine
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from baton import sessions
+from baton.db import session_scope
+from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
+from tests.xagent_helpers import (
+    audit_rows,
+    decide,
+    pending_review,
+    reviews_of,
+    set_policy,
+    setup_pair,
+    tool_result,
+)
+
+INVOKE_SYNC = {"slug": "target", "prompt": "hello target", "sync": True}
+
+
+async def test_allowed_sync_invoke_returns_the_targets_reply(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """With an allow policy, a sync invoke_agent returns the target's final message inline."""
+    setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
+    set_policy(db_engine, "invoke", "allow", target="target")
+    launched = await launch(temporal_env.client, db_engine, worker, "caller", "go")
+    result = tool_result(launched.response or "")
+    assert result["status"] == "completed"
+    assert result["response"] == "target says hi"
+    with session_scope(db_engine) as s:
+        target = sessions.get_session(s, session_id=result["session_id"])
+    assert target.invoked_by_agent == "caller"
+    assert target.name == "Invoked by caller"
+    assert target.parent_session_id == launched.session_id
+    assert reviews_of(db_engine) == []
+
+
+async def test_review_allow_once_proceeds_and_saves_nothing(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """No policy = review; allow_once lets this call through and stores no policy row."""
+    setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
+    launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
+    (review,) = await pending_review(db_engine, launched.session_id)
+    assert review.operation == "invoke" and review.target_agent_slug == "target"
+    assert review.preview == "hello target"
+    assert status(db_engine, launched.session_id) == "awaiting_input"
+    handle = temporal_env.client.get_workflow_handle(launched.session_id)
+    assert await handle.query("status") == "awaiting_input"
+    await decide(temporal_env.client, review, "allow_once", decided_by="alice")
+    await wait_for(lambda: status(db_engine, launched.session_id) == "idle")
+    final = transcript(db_engine, launched.session_id)[-1][1]
+    assert tool_result(final)["response"] == "target says hi"
+    (row,) = reviews_of(db_engine)
+    assert (row.status, row.decided_by) == ("allowed", "alice")
+    (entry,) = audit_rows(db_engine)
+    assert (entry.outcome, entry.decided_by, entry.operation) == ("allow", "alice", "invoke")
