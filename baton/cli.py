@@ -386,6 +386,46 @@ def run(
 DEMO_PROMPT = "Research question: what is 17 * 23, and is the result prime?"
 
 
+XAGENT_PROMPT = "Verify this claim: 17 * 23 = 391."
+
+
+def _demo_review(http: httpx.Client) -> bool:
+    """Demo part 2: coordinator → invoke_agent(fact-checker) waits on a review; approve it
+    through the API, then show the invoked session's provenance and the audit row.
+    Returns whether the turn failed."""
+    console.rule(f"[bold]coordinator[/] ← {escape(XAGENT_PROMPT)}")
+    resp = http.post("/v1/sessions", json={"agent": "coordinator", "prompt": XAGENT_PROMPT})
+    session = _checked(resp)
+    session_id = str(session["session_id"])
+
+    def approve(review: dict[str, str]) -> None:
+        console.print(
+            f"  [dim]approving through the API: POST /v1/reviews/{review['review_id']}"
+            '/decision {"decision": "allow_once"}[/]'
+        )
+        body = _checked(
+            http.post(
+                f"/v1/reviews/{review['review_id']}/decision", json={"decision": "allow_once"}
+            )
+        )
+        console.print(f"  [dim]→ {body['status']} by {body['decided_by']}[/]")
+
+    _, failed = follow(http, session_id, on_review=approve)
+    print_transcript(http, session_id)
+    invoked = http.get("/v1/sessions", params={"agent": "fact-checker", "limit": 1}).json()
+    for row in invoked["data"]:
+        console.print(
+            f"invoked session {row['session_id']}: name '{row['name']}', invoked_by_agent="
+            f"{row['invoked_by_agent']}, parent_session_id={row['parent_session_id']}"
+        )
+    audit = http.get("/v1/audit", params={"session_id": session_id}).json()
+    table = Table("caller", "operation", "target", "outcome", "decided by", title="Audit log")
+    for a in audit["data"]:
+        table.add_row(a["caller"], a["operation"], a["target"] or "", a["outcome"], a["decided_by"])
+    console.print(table)
+    return failed
+
+
 @app.command()
 def demo(
     file: Annotated[Path, typer.Option("--file", "-f", help="Agents to apply.")] = EXAMPLES,
@@ -431,6 +471,7 @@ def demo(
                     f"model: {cfg.model or 'scripted (offline)'}"
                 )
                 console.print(f"Temporal UI: {session['workflow_url']}", soft_wrap=True)
+                failed = _demo_review(http) or failed
                 if db_file is None:
                     console.print("[dim](another stack owns .baton/: this demo ran in memory)[/]")
                 else:
