@@ -1,7 +1,9 @@
 """Record representative SessionWorkflow histories for the replay test.
 
 Run from the repo root when a workflow change is *meant* to change commands
-(and gate it with ``workflow.patched``): ``.venv/bin/python -m tests.record_histories TAG``.
+(and gate it with ``workflow.patched``):
+``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
+legacy-tool-name, xagent; default all).
 Existing files are kept, so histories from older code stay in the suite.
 """
 
@@ -14,13 +16,16 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from sqlalchemy.engine import Engine
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from baton import launch as launching
+from baton import sessions
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import init_db, make_engine
+from baton.db import init_db, make_engine, session_scope
 from baton.errors import TurnFailed
 from tests.helpers import TEST_CONFIG, launch, publish
 from worker.factory import build_worker
@@ -50,8 +55,122 @@ async def save(client: Client, session_id: str, name: str) -> None:
         print(f"wrote {path.name}")
 
 
+async def base_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """Tool loop, continue-as-new, cancel, failed turn (every tag)."""
+    publish(
+        engine,
+        "adder",
+        tools=["calculator"],
+        playbook=[
+            {"when": "^calculator: ", "reply": "It is {last_message}."},
+            {
+                "when": "add",
+                "reply": "Adding.",
+                "tool_calls": [
+                    {"tool": "calculator", "args": {"expression": "2 + 3"}},
+                    {"tool": "calculator", "args": {"expression": "4 * 5"}},
+                ],
+            },
+        ],
+    )
+    tools = await launch(client, engine, worker, "adder", "add please")
+    await launching.send_message(
+        client, engine, session_id=tools.session_id, prompt="add again", sync=True
+    )
+    await save(client, tools.session_id, "tool-loop")
+
+    publish(engine, "echo", playbook=[])
+    config = TEST_CONFIG.model_copy(update={"continue_as_new_after_turns": 1})
+    can = await launch(client, engine, worker, "echo", "one", config=config)
+    await launching.send_message(client, engine, session_id=can.session_id, prompt="two", sync=True)
+    await save(client, can.session_id, "continue-as-new")
+
+    slow = [{"reply": "w " * 30, "chunk_delay_ms": 50}]
+    publish(engine, "slow", playbook=slow)
+    cancelled = await launch(client, engine, worker, "slow", "go", sync=False)
+    await asyncio.sleep(0.5)
+    await launching.cancel_session(client, engine, session_id=cancelled.session_id)
+    handle = client.get_workflow_handle(cancelled.session_id)
+    with contextlib.suppress(Exception):
+        await handle.result()
+    await save(client, cancelled.session_id, "cancelled")
+
+    publish(engine, "broken", model="nosuchprovider:model")
+    with contextlib.suppress(TurnFailed):
+        await launch(client, engine, worker, "broken", "hello")
+    failed = [w async for w in client.list_workflows("BatonAgent = 'broken'")]
+    await save(client, failed[0].id, "failed-turn")
+
+
+async def legacy_tool_name(client: Client, engine: Engine, worker: Worker) -> None:
+    """A model calling a tool named like an X-Agent tool, recorded BEFORE the x-agent-tools
+    patch (run on code from before it): replay must keep treating it as an ordinary tool."""
+    publish(
+        engine,
+        "legacy",
+        playbook=[
+            {"when": "^list_agents: ", "reply": "noted: {last_message}"},
+            {"when": "go", "reply": "Listing.", "tool_calls": [{"tool": "list_agents"}]},
+        ],
+    )
+    run = await launch(client, engine, worker, "legacy", "go")
+    await save(client, run.session_id, "xagent-name-prepatch")
+
+
+async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """Review allowed by Signal (with the sync invoke), review timeout, guard refusal."""
+    from sqlmodel import select
+
+    from baton.contracts import ReviewDecision
+    from baton.db import ReviewRow
+    from tests.helpers import wait_for
+    from tests.xagent_helpers import caller_playbook
+
+    publish(engine, "target", playbook=[{"reply": "target says hi"}])
+    invoke = {"slug": "target", "prompt": "hello", "sync": True}
+    publish(engine, "caller", playbook=caller_playbook("invoke_agent", invoke))
+    run = await launch(client, engine, worker, "caller", "go", sync=False)
+
+    def pending() -> list[ReviewRow]:
+        with session_scope(engine) as s:
+            return list(s.exec(select(ReviewRow).where(ReviewRow.status == "pending")).all())
+
+    await wait_for(lambda: bool(pending()))
+    review = pending()[0]
+    await client.get_workflow_handle(run.session_id).signal(
+        "review_decision", ReviewDecision(review_id=review.id, decision="allow_once")
+    )
+    await wait_for(lambda: _status(engine, run.session_id) == "idle")
+    await save(client, run.session_id, "xagent-review-allowed")
+
+    short = TEST_CONFIG.model_copy(update={"review_timeout_s": 1.0})
+    timed = await launch(client, engine, worker, "caller", "go", config=short)
+    await save(client, timed.session_id, "xagent-review-timeout")
+
+    publish(
+        engine,
+        "selfish",
+        playbook=caller_playbook("invoke_agent", {"slug": "selfish", "prompt": "me"}),
+    )
+    guard = await launch(client, engine, worker, "selfish", "go")
+    await save(client, guard.session_id, "xagent-self-invocation")
+
+
+def _status(engine: Engine, session_id: str) -> str:
+    with session_scope(engine) as s:
+        return sessions.get_session(s, session_id=session_id).status
+
+
+SCENARIOS = {
+    "base": base_scenarios,
+    "legacy-tool-name": legacy_tool_name,
+    "xagent": xagent_scenarios,
+}
+
+
 async def main() -> None:
     HERE.mkdir(exist_ok=True)
+    chosen = sys.argv[2:] or list(SCENARIOS)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
         search_attributes=list(SEARCH_ATTRIBUTES),
@@ -62,52 +181,8 @@ async def main() -> None:
         init_db(engine)
         worker = build_worker(env.client, engine=engine, task_queue=f"rec-{uuid.uuid4()}")
         async with worker:
-            client = env.client
-            publish(
-                engine,
-                "adder",
-                tools=["calculator"],
-                playbook=[
-                    {"when": "^calculator: ", "reply": "It is {last_message}."},
-                    {
-                        "when": "add",
-                        "reply": "Adding.",
-                        "tool_calls": [
-                            {"tool": "calculator", "args": {"expression": "2 + 3"}},
-                            {"tool": "calculator", "args": {"expression": "4 * 5"}},
-                        ],
-                    },
-                ],
-            )
-            tools = await launch(client, engine, worker, "adder", "add please")
-            await launching.send_message(
-                client, engine, session_id=tools.session_id, prompt="add again", sync=True
-            )
-            await save(client, tools.session_id, "tool-loop")
-
-            publish(engine, "echo", playbook=[])
-            config = TEST_CONFIG.model_copy(update={"continue_as_new_after_turns": 1})
-            can = await launch(client, engine, worker, "echo", "one", config=config)
-            await launching.send_message(
-                client, engine, session_id=can.session_id, prompt="two", sync=True
-            )
-            await save(client, can.session_id, "continue-as-new")
-
-            slow = [{"reply": "w " * 30, "chunk_delay_ms": 50}]
-            publish(engine, "slow", playbook=slow)
-            cancelled = await launch(client, engine, worker, "slow", "go", sync=False)
-            await asyncio.sleep(0.5)
-            await launching.cancel_session(client, engine, session_id=cancelled.session_id)
-            handle = client.get_workflow_handle(cancelled.session_id)
-            with contextlib.suppress(Exception):
-                await handle.result()
-            await save(client, cancelled.session_id, "cancelled")
-
-            publish(engine, "broken", model="nosuchprovider:model")
-            with contextlib.suppress(TurnFailed):
-                await launch(client, engine, worker, "broken", "hello")
-            failed = [w async for w in client.list_workflows("BatonAgent = 'broken'")]
-            await save(client, failed[0].id, "failed-turn")
+            for name in chosen:
+                await SCENARIOS[name](env.client, engine, worker)
         engine.dispose()
     await env.shutdown()
 

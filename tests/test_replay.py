@@ -15,12 +15,18 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 
 def test_histories_are_checked_in() -> None:
-    """The replay suite has histories to replay (tool loop, continue-as-new, cancel, failure)."""
+    """The replay suite has histories to replay (tool loop, continue-as-new, cancel, failure,
+    X-Agent reviews and guards)."""
     names = {p.name.rsplit("-run", 1)[0] for p in HISTORIES}
-    # v1: before the coarse-status patch; v2: after it; v3: after the cancel-turn patch
-    for tag in ("v1", "v2", "v3"):
+    # v1: before the coarse-status patch; v2: after it; v3: after the cancel-turn patch;
+    # v4: after the x-agent-tools patch.
+    for tag in ("v1", "v2", "v3", "v4"):
         expected = {f"{kind}-{tag}" for kind in ("tool-loop", "continue-as-new", "cancelled")}
         assert expected | {f"failed-turn-{tag}"} <= names
+    # A tool named like an X-Agent tool, called before the patch, stays an ordinary tool.
+    assert "xagent-name-prepatch-v3" in names
+    for kind in ("review-allowed", "review-timeout", "self-invocation"):
+        assert f"xagent-{kind}-v4" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

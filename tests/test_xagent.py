@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
+
 from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton import sessions
 from baton.db import session_scope
-from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
+from tests.conftest import venv_bin
+from tests.helpers import launch, status, transcript, wait_for
 from tests.xagent_helpers import (
     audit_rows,
     decide,
@@ -61,3 +64,57 @@ async def test_review_allow_once_proceeds_and_saves_nothing(
     assert (row.status, row.decided_by) == ("allowed", "alice")
     (entry,) = audit_rows(db_engine)
     assert (entry.outcome, entry.decided_by, entry.operation) == ("allow", "alice", "invoke")
+
+
+async def test_decision_sent_with_the_temporal_cli_binary(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """`temporal workflow signal --name review_decision` decides a review like the API does."""
+    setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
+    launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
+    (review,) = await pending_review(db_engine, launched.session_id)
+    address = temporal_env.client.service_client.config.target_host
+    proc = await asyncio.create_subprocess_exec(
+        venv_bin("temporal"),
+        "workflow",
+        "signal",
+        "--address",
+        address,
+        "--namespace",
+        "default",
+        "--workflow-id",
+        launched.session_id,
+        "--name",
+        "review_decision",
+        "--input",
+        json.dumps({"review_id": review.id, "decision": "allow_once"}),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, (out, err)
+    await wait_for(lambda: status(db_engine, launched.session_id) == "idle")
+    (row,) = reviews_of(db_engine)
+    assert (row.status, row.decided_by, row.decision) == ("allowed", "temporal-cli", "allow_once")
+    (entry,) = audit_rows(db_engine)
+    assert (entry.outcome, entry.decided_by, entry.review_id) == ("allow", "temporal-cli", row.id)
+    final = transcript(db_engine, launched.session_id)[-1][1]
+    assert tool_result(final)["response"] == "target says hi"
+
+
+async def test_malformed_signal_leaves_the_review_waiting(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A review_decision Signal with a bad payload is dropped; the session stays healthy."""
+    setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
+    launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
+    (review,) = await pending_review(db_engine, launched.session_id)
+    handle = temporal_env.client.get_workflow_handle(launched.session_id)
+    await handle.signal("review_decision", {"review_id": review.id, "decision": "maybe"})
+    await handle.signal("review_decision", "not even an object")
+    assert await handle.query("status") == "awaiting_input"
+    assert [r["review_id"] for r in await handle.query("pending_reviews")] == [review.id]
+    await decide(temporal_env.client, review, "deny")
+    await wait_for(lambda: status(db_engine, launched.session_id) == "idle")
+    assert reviews_of(db_engine)[0].status == "denied"
+    assert "denied by temporal-cli" in transcript(db_engine, launched.session_id)[-2][1]
