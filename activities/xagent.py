@@ -50,6 +50,8 @@ MAX_INLINE_REPLY = 32_000
 #: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
 DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
 TRANSCRIPT_POLL_S = 0.25
+#: Longest a sync transcript read waits for a running turn (inside the 60 s tool timeout).
+TRANSCRIPT_WAIT_S = 45.0
 AUDIT_OUTCOME = {"allowed": "allow", "denied": "denied_by_user", "timed_out": "review_timeout"}
 
 
@@ -132,8 +134,15 @@ class XAgentActivities:
                     decision="refused", outcome=store_result(s, tool, text, ok=False)
                 )
 
-            if inp.target is not None and _agent(s, inp.target) is None:
+            target = _agent(s, inp.target) if inp.target is not None else None
+            if inp.target is not None and target is None:
                 return refuse(f"no agent '{inp.target}'; call list_agents to find slugs", None)
+            if inp.operation == "invoke" and target is not None:
+                # No review for a target that cannot run anyway.
+                live = s.get(AgentLivePointer, target.id)
+                if live is None:
+                    state = "retired" if target.retired else "not published"
+                    return refuse(f"agent '{inp.target}' is {state} and cannot be invoked", None)
             if inp.auth and inp.target is not None:
                 need: auth.Role = "user" if inp.operation == "invoke" else "viewer"
                 if not auth.has_role(s, user_id=inp.user, agent=inp.target, role=need):
@@ -389,13 +398,15 @@ class XAgentActivities:
             return
         if not args.sync:
             return
-        while True:
+        deadline = time.monotonic() + TRANSCRIPT_WAIT_S
+        while time.monotonic() < deadline:
             with session_scope(self._engine) as s:
                 row = s.get(SessionRow, args.session_id)
                 if row is None or row.status not in ("running", "awaiting_input"):
                     return
             activity.heartbeat()
             time.sleep(TRANSCRIPT_POLL_S)
+        # Still running: the transcript so far, its status line says so.
 
     @staticmethod
     def _transcript(s: Session, args: GetTranscriptArgs) -> str:

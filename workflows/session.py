@@ -402,18 +402,27 @@ class SessionWorkflow:
             settled = await self._review(tool, review_id, operation, target, preview)
             if settled is not None:
                 return settled
-        if isinstance(args, InvokeAgentArgs):
-            return await self._delegate(tool, args, turn)
-        return await workflow.execute_activity_method(
-            XAgentActivities.xagent_tool,
-            XAgentCall(
-                tool=tool, user=self._inp.provenance.created_by_user, auth=self._inp.config.auth
-            ),
-            start_to_close_timeout=TOOL_TIMEOUT,
-            heartbeat_timeout=timedelta(seconds=self._inp.config.heartbeat_timeout_s),
-            retry_policy=STORE_RETRY,
-            summary=f"{call.name} · turn {turn}",
-        )
+        try:
+            if isinstance(args, InvokeAgentArgs):
+                return await self._delegate(tool, args, turn)
+            return await workflow.execute_activity_method(
+                XAgentActivities.xagent_tool,
+                XAgentCall(
+                    tool=tool,
+                    user=self._inp.provenance.created_by_user,
+                    auth=self._inp.config.auth,
+                ),
+                start_to_close_timeout=TOOL_TIMEOUT,
+                heartbeat_timeout=timedelta(seconds=self._inp.config.heartbeat_timeout_s),
+                retry_policy=STORE_RETRY,
+                summary=f"{call.name} · turn {turn}",
+            )
+        except ActivityError as err:
+            if self._closed:
+                raise
+            # A delegation that timed out or kept failing is the agent's tool error, not
+            # the end of its turn: it can retry, pick another agent or answer without it.
+            return await self._refuse(tool, "delegation_failed", _cause(err), audit=False)
 
     async def _review(
         self, tool: ToolMessage, review_id: str, operation: str, target: str | None, preview: str
