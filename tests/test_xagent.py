@@ -9,12 +9,13 @@ from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import sessions
+from baton import registry, sessions
 from baton.db import session_scope
 from tests.conftest import venv_bin
-from tests.helpers import launch, status, transcript, wait_for
+from tests.helpers import launch, publish, status, transcript, wait_for
 from tests.xagent_helpers import (
     audit_rows,
+    caller_playbook,
     decide,
     pending_review,
     reviews_of,
@@ -118,3 +119,27 @@ async def test_malformed_signal_leaves_the_review_waiting(
     await wait_for(lambda: status(db_engine, launched.session_id) == "idle")
     assert reviews_of(db_engine)[0].status == "denied"
     assert "denied by temporal-cli" in transcript(db_engine, launched.session_id)[-2][1]
+
+
+async def test_invoking_a_retired_agent_is_refused_before_any_review(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """invoke_agent on a retired target is a tool error at once: no review waits for nothing."""
+    setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
+    with session_scope(db_engine) as s:
+        registry.retire(s, slug="target")
+    launched = await launch(temporal_env.client, db_engine, worker, "caller", "go")
+    assert "agent 'target' is retired and cannot be invoked" in (launched.response or "")
+    assert reviews_of(db_engine) == []
+
+
+async def test_a_failed_target_turn_is_the_callers_tool_error(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A sync invoke whose target turn fails returns a tool error; the caller's turn goes on."""
+    publish(db_engine, "target", model="nosuchprovider:model")
+    publish(db_engine, "caller", playbook=caller_playbook("invoke_agent", INVOKE_SYNC))
+    set_policy(db_engine, "invoke", "allow")
+    launched = await launch(temporal_env.client, db_engine, worker, "caller", "go")
+    assert "invoke_agent failed (turn_failed)" in (launched.response or "")
+    assert status(db_engine, launched.session_id) == "idle"
