@@ -10,6 +10,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton import registry, sessions
+from baton.contracts import SA_INVOKED_BY, SA_PARENT, SA_USER
 from baton.db import session_scope
 from tests.conftest import venv_bin
 from tests.helpers import launch, publish, status, transcript, wait_for
@@ -43,6 +44,11 @@ async def test_allowed_sync_invoke_returns_the_targets_reply(
     assert target.name == "Invoked by caller"
     assert target.parent_session_id == launched.session_id
     assert reviews_of(db_engine) == []
+    described = await temporal_env.client.get_workflow_handle(result["session_id"]).describe()
+    attrs = described.typed_search_attributes
+    assert attrs.get(SA_INVOKED_BY) == "caller"
+    assert attrs.get(SA_PARENT) == launched.session_id
+    assert attrs.get(SA_USER) == "local"
 
 
 async def test_review_allow_once_proceeds_and_saves_nothing(
