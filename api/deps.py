@@ -40,30 +40,6 @@ def get_settings_dep(request: Request) -> Settings:
     return settings
 
 
-async def get_temporal(request: Request) -> Client:
-    """The app's Temporal client, connecting on first use; 503 ``engine_unavailable`` if down."""
-    state = request.app.state
-    if state.temporal is None:
-        async with state.temporal_lock:
-            if state.temporal is None:
-                from worker.factory import connect
-
-                try:
-                    state.temporal = await asyncio.wait_for(connect(state.settings), timeout=10)
-                except Exception as exc:
-                    log.warning("Temporal unavailable: %s", exc)
-                    msg = f"cannot reach Temporal at {state.settings.temporal_address}"
-                    raise EngineUnavailable(msg) from exc
-    client: Client = state.temporal
-    return client
-
-
-SessionDep = Annotated[Session, Depends(get_session)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
-SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-TemporalDep = Annotated[Client, Depends(get_temporal)]
-
-
 @dataclass(frozen=True)
 class Caller:
     """Who is calling: the user (``local`` with auth off) and whether ACLs apply."""
@@ -99,3 +75,31 @@ def get_caller(
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def get_temporal(request: Request, _caller: CallerDep) -> Client:
+    """The app's Temporal client, connecting on first use; 503 ``engine_unavailable`` if down.
+
+    Depends on the caller so that an unauthenticated request is refused (401)
+    before it can make the API open a connection to Temporal.
+    """
+    state = request.app.state
+    if state.temporal is None:
+        async with state.temporal_lock:
+            if state.temporal is None:
+                from worker.factory import connect
+
+                try:
+                    state.temporal = await asyncio.wait_for(connect(state.settings), timeout=10)
+                except Exception as exc:
+                    log.warning("Temporal unavailable: %s", exc)
+                    msg = f"cannot reach Temporal at {state.settings.temporal_address}"
+                    raise EngineUnavailable(msg) from exc
+    client: Client = state.temporal
+    return client
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+TemporalDep = Annotated[Client, Depends(get_temporal)]

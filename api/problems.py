@@ -84,7 +84,10 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(BatonError)
     async def _baton_error(_request: Request, exc: BatonError) -> JSONResponse:
-        return problem_response(exc.to_problem())
+        response = problem_response(exc.to_problem())
+        if exc.status == 401:  # RFC 9110 §11.6.1: a 401 names the scheme to use
+            response.headers["WWW-Authenticate"] = 'Bearer realm="baton"'
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -539,15 +539,18 @@ def reviews_list(
     with _api_client(api_url) as http:
         params = {"status": status} if status and status != "all" else {}
         body = _checked(http.get("/v1/reviews", params=params | {"limit": 200}))
-    table = Table("id", "status", "caller", "operation", "target", "preview", "session")
+    # Ids are what `approve`/`deny` take: never cut them, whatever the terminal width.
+    table = Table("status", "caller", "operation", "target", "preview")
+    table.add_column("id", no_wrap=True, min_width=43)
+    table.add_column("session", no_wrap=True, min_width=44)
     for r in body["data"]:  # type: ignore[attr-defined]
         table.add_row(
-            r["id"],
             r["status"],
             r["caller"],
             r["operation"],
             r["target"] or "",
             escape(r["preview"][:60]),
+            r["id"],
             r["session_id"],
         )
     console.print(table)

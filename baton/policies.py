@@ -154,8 +154,14 @@ def get_policies(session: Session, *, caller: str) -> Policies:
     return out
 
 
-def put_policies(session: Session, *, caller: str, policies: Policies) -> Policies:
+def put_policies(
+    session: Session, *, caller: str, policies: Policies, visible: list[str] | None = None
+) -> Policies:
     """Replace the caller's policies. Flushes.
+
+    ``visible`` (auth mode) is what the writer can see: rows for other targets
+    are kept as they are (a GET hid them, so a GET→PUT round trip must not erase
+    them), and naming one is refused exactly like an unknown agent.
 
     Raises AgentNotFound (caller or a target) and InvalidPolicy (a target equal
     to the caller: an agent can never invoke itself, so the row would be noise).
@@ -165,12 +171,18 @@ def put_policies(session: Session, *, caller: str, policies: Policies) -> Polici
     for target in policies.targets:
         if target == caller:
             raise InvalidPolicy("an agent cannot name itself as a target", path=f"targets.{target}")
-        if not _exists(session, target):
+        if not _exists(session, target) or (visible is not None and target not in visible):
             raise AgentNotFound(f"no agent '{target}'", path=f"targets.{target}")
     for row in session.exec(
         select(XAgentPolicy).where(XAgentPolicy.caller_agent_slug == caller)
     ).all():
-        session.delete(row)
+        hidden = (
+            visible is not None
+            and row.target_agent_slug is not None
+            and row.target_agent_slug not in visible
+        )
+        if not hidden:
+            session.delete(row)
     session.flush()
     for op in POLICY_OPERATIONS:
         value = getattr(policies.global_, op)
@@ -181,7 +193,10 @@ def put_policies(session: Session, *, caller: str, policies: Policies) -> Polici
             value = getattr(entry, op)
             if value != "review":
                 save_policy(session, caller=caller, operation=op, target=target, decision=value)
-    return get_policies(session, caller=caller)
+    current = get_policies(session, caller=caller)
+    if visible is not None:
+        current.targets = {t: p for t, p in current.targets.items() if t in visible}
+    return current
 
 
 def delete_for_agent(session: Session, *, slug: str) -> int:

@@ -222,7 +222,8 @@ def resolved(
 def get_policies(slug: SlugPath, session: SessionDep, caller: CallerDep) -> policies.Policies:
     """``{global: {list, read, invoke}, targets: {slug: {read, invoke}}}``; review = no row.
 
-    In auth mode, targets the user cannot see are hidden (seed 003).
+    In auth mode, targets the user cannot see are hidden (seed 003); a PUT keeps
+    their rows and refuses to name them (404, as for an unknown agent).
     """
     caller.require(session, slug, "viewer")
     current = policies.get_policies(session, caller=slug)
@@ -246,6 +247,8 @@ def put_policies(
     404 for an unknown target; 422 ``invalid_policy`` when the agent names itself.
     """
     caller.require(session, slug, "owner")
-    result = policies.put_policies(session, caller=slug, policies=body)
+    result = policies.put_policies(
+        session, caller=slug, policies=body, visible=caller.visible(session)
+    )
     session.commit()
     return result
