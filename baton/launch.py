@@ -50,6 +50,9 @@ from baton.errors import (
 
 WORKFLOW = "Session"
 UPDATE = "send_message"
+#: How long a message rejected as busy is retried while the stored status is idle (s).
+IDLE_SETTLE_S = 2.0
+IDLE_SETTLE_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -248,19 +251,41 @@ async def send_message(
     # A sync caller waits for the reply itself: no SSE race to close, so skip the write.
     marked = False if sync else await asyncio.to_thread(mark_running)
     handle = client.get_workflow_handle(session_id)
-    try:
+    message_id = update_id or f"{session_id}:message-{uuid.uuid4()}"
+
+    async def deliver() -> TurnOutcome | None:
         update = await handle.start_update(
             UPDATE,
             UserMessage(prompt=prompt, invoked_by_agent=invoked_by_agent),
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
-            id=update_id or f"{session_id}:message-{uuid.uuid4()}",
+            id=message_id,
             result_type=TurnOutcome,
         )
         # A validator rejection (busy, closed, blank) comes back with the acceptance
         # response as an already-known outcome; reading it raises it. Without this an
         # async message sent during a turn would be answered 200 and silently dropped.
         settled = getattr(update, "_known_outcome", None) is not None
-        outcome = await update.result() if sync or settled else None
+        return await update.result() if sync or settled else None
+
+    deadline = asyncio.get_running_loop().time() + IDLE_SETTLE_S
+    try:
+        while True:
+            try:
+                outcome = await deliver()
+                break
+            except WorkflowUpdateFailedError as exc:
+                # The stored status turns idle when the last reply is stored, a moment
+                # before the workflow ends the turn: a message sent in between is
+                # rejected busy. Retry briefly (a rejected Update leaves no trace).
+                busy = isinstance(exc.cause, ApplicationError) and exc.cause.type == SESSION_BUSY
+                if not busy or asyncio.get_running_loop().time() > deadline:
+                    raise
+                if (
+                    not marked
+                    and await asyncio.to_thread(session_status, engine, session_id) != "idle"
+                ):
+                    raise
+                await asyncio.sleep(IDLE_SETTLE_POLL_S)
     except WorkflowUpdateFailedError as exc:
         error = _update_error(exc, session_id)
         if marked and not isinstance(error, TurnFailed):

@@ -14,9 +14,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton import sessions
+from baton.contracts import XAGENT_TOOLS
 from baton.db import session_scope
 from baton.errors import TurnFailed
-from baton.contracts import XAGENT_TOOLS
 from baton.tools import TOOLS
 from tests.conftest import serve
 from tests.helpers import launch, publish, status, transcript

@@ -18,7 +18,7 @@ from tests.xagent_helpers import (
     audit_rows,
     caller_playbook,
     decide,
-    pending_review,
+    open_reviews,
     reviews_of,
     set_policy,
     setup_pair,
@@ -57,7 +57,7 @@ async def test_review_allow_once_proceeds_and_saves_nothing(
     """No policy = review; allow_once lets this call through and stores no policy row."""
     setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
     launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
-    (review,) = await pending_review(db_engine, launched.session_id)
+    (review,) = await open_reviews(temporal_env.client, db_engine, launched.session_id)
     assert review.operation == "invoke" and review.target_agent_slug == "target"
     assert review.preview == "hello target"
     assert status(db_engine, launched.session_id) == "awaiting_input"
@@ -79,7 +79,7 @@ async def test_decision_sent_with_the_temporal_cli_binary(
     """`temporal workflow signal --name review_decision` decides a review like the API does."""
     setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
     launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
-    (review,) = await pending_review(db_engine, launched.session_id)
+    (review,) = await open_reviews(temporal_env.client, db_engine, launched.session_id)
     address = temporal_env.client.service_client.config.target_host
     proc = await asyncio.create_subprocess_exec(
         venv_bin("temporal"),
@@ -115,7 +115,7 @@ async def test_malformed_signal_leaves_the_review_waiting(
     """A review_decision Signal with a bad payload is dropped; the session stays healthy."""
     setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
     launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
-    (review,) = await pending_review(db_engine, launched.session_id)
+    (review,) = await open_reviews(temporal_env.client, db_engine, launched.session_id)
     handle = temporal_env.client.get_workflow_handle(launched.session_id)
     await handle.signal("review_decision", {"review_id": review.id, "decision": "maybe"})
     await handle.signal("review_decision", "not even an object")

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio.client import Client
 
-from baton import policies
-from baton.contracts import ReviewDecision
-from baton.db import AuditRow, ReviewRow, session_scope
+from baton import policies, sessions
+from baton import reviews as reviews_api
+from baton.contracts import Provenance, ReviewDecision
+from baton.db import (
+    AuditRow,
+    MessageRow,
+    ReviewRow,
+    SessionRow,
+    XAgentPolicy,
+    session_scope,
+)
 from tests.helpers import publish, wait_for
 
 
@@ -30,12 +41,17 @@ def setup_pair(engine: Engine, tool: str, args: dict[str, Any]) -> None:
 
 
 def set_policy(
-    engine: Engine, operation: str, decision: str, *, target: str | None = None
+    engine: Engine,
+    operation: str,
+    decision: str,
+    *,
+    target: str | None = None,
+    caller: str = "caller",
 ) -> None:
-    """Store one policy row for ``caller``."""
+    """Store one policy row for ``caller`` (default: the agent named ``caller``)."""
     with session_scope(engine) as s:
         policies.save_policy(
-            s, caller="caller", operation=operation, target=target, decision=decision
+            s, caller=caller, operation=operation, target=target, decision=decision
         )
 
 
@@ -66,10 +82,133 @@ async def decide(client: Client, review: ReviewRow, decision: str, **extra: Any)
     """Send Signal ``review_decision`` to the review's session."""
     await client.get_workflow_handle(review.session_id).signal(
         "review_decision",
-        ReviewDecision(review_id=review.id, decision=decision, **extra),  # type: ignore[arg-type]
+        ReviewDecision(review_id=review.id, decision=decision, **extra),
     )
 
 
 def tool_result(text: str) -> Any:
     """The JSON a scripted caller echoed as ``RESULT <tool output>``."""
     return json.loads(text.removeprefix("RESULT "))
+
+
+# --- Added for tests/test_xagent_policies.py and tests/test_xagent_timeouts.py ------------
+
+
+def playbook(*rules: tuple[str, str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A caller that echoes every X-Agent tool result and calls ``tool(args)`` on ``when``.
+
+    Each rule is ``(when, tool, args)``; ``when`` is a regex on the user's message.
+    """
+    echo = [
+        {"when": f"^{tool}: ", "reply": "RESULT {last_message}"}
+        for tool in (
+            "list_agents",
+            "create_agent",
+            "invoke_agent",
+            "get_agent_sessions",
+            "get_agent_session_transcript",
+        )
+    ]
+    calls = [
+        {"when": when, "reply": "Calling.", "tool_calls": [{"tool": tool, "args": args}]}
+        for when, tool, args in rules
+    ]
+    return echo + calls
+
+
+def policy_rows(engine: Engine) -> list[tuple[str, str | None, str, str]]:
+    """Every stored policy as ``(caller, target, operation, decision)``, sorted."""
+    with session_scope(engine) as s:
+        rows = s.exec(select(XAgentPolicy)).all()
+        return sorted(
+            ((r.caller_agent_slug, r.target_agent_slug, r.operation, r.decision) for r in rows),
+            key=repr,
+        )
+
+
+def tool_messages(engine: Engine, session_id: str) -> list[MessageRow]:
+    """The ``tool`` messages (X-Agent results and errors) of a session, in order."""
+    with session_scope(engine) as s:
+        return [m for m in sessions.messages(s, session_id=session_id) if m.role == "tool"]
+
+
+def session_row(engine: Engine, session_id: str) -> SessionRow:
+    """The stored session row."""
+    with session_scope(engine) as s:
+        return sessions.get_session(s, session_id=session_id)
+
+
+async def open_reviews(
+    client: Client, engine: Engine, session_id: str, count: int = 1
+) -> list[ReviewRow]:
+    """Wait until ``count`` reviews are pending in the DB AND registered by the workflow.
+
+    The row is visible as soon as ``authorize`` commits, a moment before the workflow
+    opens the review: waiting for the ``pending_reviews`` Query too makes the
+    ``status`` Query and the review state deterministic for the assertions that follow.
+    """
+    rows = await pending_review(engine, session_id, count)
+    handle = client.get_workflow_handle(session_id)
+    ids = {r.id for r in rows}
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        listed = {r["review_id"] for r in await handle.query("pending_reviews")}
+        if ids <= listed:
+            return rows
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"workflow never listed reviews {ids - listed}")
+        await asyncio.sleep(0.05)
+
+
+async def settled(engine: Engine, review_id: str, timeout: float = 30.0) -> ReviewRow:
+    """Wait until the review has its outcome; returns the row."""
+    await wait_for(lambda: _review_status(engine, review_id) != "pending", timeout=timeout)
+    with session_scope(engine) as s:
+        return reviews_api.get_review(s, review_id=review_id)
+
+
+def _review_status(engine: Engine, review_id: str) -> str:
+    with session_scope(engine) as s:
+        return reviews_api.get_review(s, review_id=review_id).status
+
+
+def add_session(
+    engine: Engine,
+    agent: str,
+    *,
+    status: str = "idle",
+    name: str = "",
+    created_at: datetime | None = None,
+    session_id: str | None = None,
+) -> str:
+    """Insert a session row of ``agent`` without running a workflow; returns its id."""
+    sid = session_id or f"session-{uuid.uuid4()}"
+    with session_scope(engine) as s:
+        row = sessions.create_session(
+            s,
+            session_id=sid,
+            agent_slug=agent,
+            agent_version=1,
+            provenance=Provenance(),
+            name=name or sid,
+        )
+        row.status = status
+        if created_at is not None:
+            row.created_at = created_at
+            row.last_activity_at = created_at
+        s.add(row)
+    return sid
+
+
+def echoed(reply: str | None, msg: MessageRow) -> bool:
+    """Whether a scripted caller's ``RESULT …`` reply echoes the tool message ``msg``.
+
+    A successful result reaches the model verbatim; an error as ``{"error": <text>}``.
+    """
+    body = (reply or "").removeprefix("RESULT ")
+    if not msg.is_error:
+        return body == msg.text
+    try:
+        return bool(json.loads(body) == {"error": msg.text})
+    except json.JSONDecodeError:
+        return False

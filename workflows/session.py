@@ -93,6 +93,10 @@ class SessionWorkflow:
         self._invoked_turn = False
         # Reviews this run is waiting on (id -> summary), and the decisions received.
         self._open_reviews: dict[str, dict[str, Any]] = {}
+        # Review ids handed to `authorize` whose verdict is not back yet: the review row
+        # is visible (API, CLI) as soon as that activity commits, so a decision can
+        # arrive before `_review` opens it; it is kept for `_review` to find.
+        self._expected_reviews: set[str] = set()
         self._decisions: dict[str, ReviewDecision] = {}
         self._late_decisions: list[dict[str, Any]] = []
 
@@ -180,7 +184,8 @@ class SessionWorkflow:
         ``late_decisions`` so the sender can be told it was too late.
         """
         rid = decision.review_id
-        if rid in self._open_reviews and rid not in self._decisions:
+        open_ = rid in self._open_reviews or rid in self._expected_reviews
+        if open_ and rid not in self._decisions:
             self._decisions[rid] = decision
             return
         workflow.logger.warning("review %s: decision %s too late, ignored", rid, decision.decision)
@@ -380,21 +385,27 @@ class SessionWorkflow:
         preview = args.prompt[:500] if isinstance(args, InvokeAgentArgs) else ""
         if call.name == "create_agent":
             preview = f"create agent '{call.args.get('name', '')}'"
-        verdict = await workflow.execute_activity_method(
-            XAgentActivities.authorize,
-            AuthorizeInput(
-                tool=tool,
-                user=self._inp.provenance.created_by_user,
-                operation=operation,
-                target=target,
-                review_id=review_id,
-                preview=preview,
-                auth=self._inp.config.auth,
-            ),
-            start_to_close_timeout=STORE_TIMEOUT,
-            retry_policy=STORE_RETRY,
-            summary=f"authorize {operation}" + (f" → {target}" if target else ""),
-        )
+        self._expected_reviews.add(review_id)
+        try:
+            verdict = await workflow.execute_activity_method(
+                XAgentActivities.authorize,
+                AuthorizeInput(
+                    tool=tool,
+                    user=self._inp.provenance.created_by_user,
+                    operation=operation,
+                    target=target,
+                    review_id=review_id,
+                    preview=preview,
+                    auth=self._inp.config.auth,
+                ),
+                start_to_close_timeout=STORE_TIMEOUT,
+                retry_policy=STORE_RETRY,
+                summary=f"authorize {operation}" + (f" → {target}" if target else ""),
+            )
+        finally:
+            self._expected_reviews.discard(review_id)
+        if verdict.decision != "review":
+            self._decisions.pop(review_id, None)
         if verdict.decision == "refused":
             assert verdict.outcome is not None
             return verdict.outcome

