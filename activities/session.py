@@ -39,9 +39,10 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton import registry, reviews, sessions
+from baton import delegations, registry, reviews, roster, sessions
 from baton.contracts import (
     CLOSED_STATUSES,
+    LIMIT_EXCEEDED,
     LoadAgentInput,
     ModelTurnInput,
     ModelTurnResult,
@@ -57,7 +58,14 @@ from baton.db import MessageRow, session_scope
 from baton.errors import BatonError
 from baton.models import build_model, model_name
 from baton.sessions import HistoryItem
-from baton.tools import ToolError, offered_tools, run_tool, xagent_tools
+from baton.tools import (
+    ToolError,
+    delegate_to_tool,
+    offered_tools,
+    run_tool,
+    task_tool,
+    xagent_tools,
+)
 
 PREVIEW_CHARS = 200
 AGENT_CACHE_SIZE = 4096
@@ -212,11 +220,23 @@ class SessionActivities:
             ) from exc
         return resolved
 
-    def _prepare(self, inp: ModelTurnInput) -> tuple[ModelTurnResult | None, Any, Any]:
+    def _prepare(
+        self, inp: ModelTurnInput
+    ) -> tuple[ModelTurnResult | None, Any, Any, list[tuple[str, str]]]:
         with session_scope(self._engine) as s:
             done = sessions.get_message(s, message_id=inp.assistant_message_id)
             if done is not None:
-                return _result_from(done), None, None
+                return _result_from(done), None, None, []
+            if inp.token_budget is not None and inp.run_root is not None:
+                used = delegations.run_tokens(s, root_session_id=inp.run_root)
+                if used >= inp.token_budget:
+                    # Refused before the provider is called, and said so: never a silent cut.
+                    raise ApplicationError(
+                        f"limit_exceeded: this run used {used} tokens of its token_budget "
+                        f"{inp.token_budget}",
+                        type=LIMIT_EXCEEDED,
+                        non_retryable=True,
+                    )
             if inp.user_message_id and inp.user_text is not None:
                 sessions.add_message(
                     s,
@@ -236,7 +256,11 @@ class SessionActivities:
                 if len(self._agents) >= AGENT_CACHE_SIZE:
                     self._agents.pop(next(iter(self._agents)))
                 self._agents[inp.session_id] = agent
-            return None, agent, sessions.history(s, session_id=inp.session_id)
+            offer = inp.delegation
+            entries = (
+                roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []
+            )
+            return None, agent, sessions.history(s, session_id=inp.session_id), entries
 
     @staticmethod
     def _chunk_event(s: Session, inp: ModelTurnInput, text: str, attempt: int) -> None:
@@ -253,6 +277,7 @@ class SessionActivities:
         with session_scope(self._engine) as s:
             if not self._cancelled(s, inp.session_id):
                 self._chunk_event(s, inp, text, attempt)
+                delegations.forward(s, inp.session_id, "chunk", {"content": text})
 
     def _persist(
         self,
@@ -269,6 +294,14 @@ class SessionActivities:
                 return
             if last_chunk:
                 self._chunk_event(s, inp, last_chunk, attempt)
+                delegations.forward(s, inp.session_id, "chunk", {"content": last_chunk})
+            for call in calls:
+                delegations.forward(
+                    s,
+                    inp.session_id,
+                    "tool_call",
+                    {"tool": call.name, "tool_call_id": call.id, "arguments": call.args},
+                )
             sessions.add_message(
                 s,
                 message_id=inp.assistant_message_id,
@@ -294,12 +327,29 @@ class SessionActivities:
         """
         attempt = activity.info().attempt
         async with heartbeating():
-            done, agent, history = await self._in_db(self._prepare, inp)
+            done, agent, history, entries = await self._in_db(self._prepare, inp)
             if done is not None:
                 return done
             assert isinstance(agent, ResolvedAgent)
             tools = [(t.name, t.description, t.parameters) for t in offered_tools(agent.tools)]
             tools += xagent_tools(agent.blocked_tools)
+            system_prompt = agent.system_prompt
+            offer = inp.delegation
+            if offer is not None and "delegate_to" not in agent.blocked_tools:
+                if offer.team is not None:
+                    team = [(m.agent_id, m.hint) for m in offer.team.specialists()]
+                    tools.append(delegate_to_tool(team))
+                    system_prompt = f"{system_prompt}\n\n{roster.team_block(offer.team)}".strip()
+                elif entries:
+                    tools.append(delegate_to_tool(entries))
+                    system_prompt = f"{system_prompt}\n\n{roster.roster_block(entries)}".strip()
+            if (
+                offer is not None
+                and offer.task
+                and agent.subagents
+                and "task" not in agent.blocked_tools
+            ):
+                tools.append(task_tool(agent))
             params = ModelRequestParameters(
                 function_tools=[
                     ToolDefinition(name=name, description=about, parameters_json_schema=schema)
@@ -316,7 +366,7 @@ class SessionActivities:
                 )
                 async with model_request_stream(
                     model,
-                    to_model_messages(agent.system_prompt, history),
+                    to_model_messages(system_prompt, history),
                     model_settings={"max_retries": 0},
                     model_request_parameters=params,
                 ) as stream:
@@ -367,6 +417,7 @@ class SessionActivities:
                 return ToolOutcome(
                     message_id=done.id, ok=not done.is_error, preview=done.text[:200]
                 )
+        started = time.monotonic()
         try:
             output, ok = run_tool(inp.call.name, inp.call.args, inp.allowed_tools), True
         except ToolError as exc:
@@ -386,6 +437,18 @@ class SessionActivities:
                 tool_call_id=inp.call.id,
                 tool_args=inp.call.args,
                 is_error=not ok,
+            )
+            delegations.forward(
+                s,
+                inp.session_id,
+                "tool_result",
+                {
+                    "tool": inp.call.name,
+                    "tool_call_id": inp.call.id,
+                    "content": output[:PREVIEW_CHARS],
+                    "success": ok,
+                    "duration_ms": int((time.monotonic() - started) * 1000),
+                },
             )
         return ToolOutcome(message_id=inp.message_id, ok=ok, preview=output[:PREVIEW_CHARS])
 

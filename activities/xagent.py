@@ -22,17 +22,14 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import PREVIEW_CHARS, heartbeating
-from baton import auth, launch, policies, registry, reviews, sessions
+from activities.session import PREVIEW_CHARS
+from baton import auth, delegations, policies, registry, reviews, sessions
 from baton.contracts import (
-    CLOSED_STATUSES,
     AuthorizeInput,
     AuthorizeResult,
     CreateAgentArgs,
-    DelegateInput,
     GetAgentSessionsArgs,
     GetTranscriptArgs,
-    Provenance,
     RefusalInput,
     ReviewDecision,
     SettleInput,
@@ -42,7 +39,7 @@ from baton.contracts import (
     XAgentCall,
 )
 from baton.db import Agent, AgentLivePointer, SessionRow, session_scope, utcnow
-from baton.errors import BatonError, EngineUnavailable
+from baton.errors import BatonError
 from baton.spec import AgentSpec
 
 #: Longest inline reply an invoke returns to the caller's model (characters).
@@ -77,6 +74,18 @@ def store_result(s: Session, tool: ToolMessage, text: str, *, ok: bool) -> ToolO
         tool_call_id=tool.call.id,
         tool_args=tool.call.args,
         is_error=not ok,
+    )
+    delegations.forward(
+        s,
+        tool.session_id,
+        "tool_result",
+        {
+            "tool": tool.call.name,
+            "tool_call_id": tool.call.id,
+            "content": text[:PREVIEW_CHARS],
+            "success": ok,
+            "duration_ms": None,
+        },
     )
     return ToolOutcome(message_id=tool.message_id, ok=ok, preview=text[:PREVIEW_CHARS])
 
@@ -428,96 +437,9 @@ class XAgentActivities:
             lines.append(f"[{m.role}{' ' + m.agent_slug if m.role == 'assistant' else ''}] {text}")
         return "\n".join(lines)
 
-    # --- delegate: invoke_agent -------------------------------------------------
-
-    @activity.defn(name="delegate")
-    async def delegate(self, inp: DelegateInput) -> ToolOutcome:
-        """Start or continue the target's session (DESIGN §4, seed 000 invoke_agent).
-
-        The new session's id derives from the delegation id and the message's
-        Update id is the delegation id, so a retried activity attaches to what its
-        first attempt started. Sync returns the target's final message inline;
-        async returns the session id with status ``running``. Errors the caller
-        can act on (unknown session, busy, retired target) are its tool error;
-        Temporal being unreachable is retried.
-        """
-        tool = inp.tool
-        done = await asyncio.to_thread(self._stored, tool.message_id)
-        if done is not None:
-            return done
-        caller = tool.agent_slug
-        async with heartbeating():
-            try:
-                if inp.session_id is None:
-                    session_id = f"session-{uuid.uuid5(DELEGATION_NS, inp.delegation_id)}"
-                    launched = await launch.launch_session(
-                        self._client,
-                        self._engine,
-                        task_queue=inp.task_queue,
-                        config=inp.config,
-                        ref=inp.target,
-                        prompt=inp.prompt,
-                        provenance=Provenance(
-                            created_by_user=inp.user,
-                            invoked_by_agent=caller,
-                            parent_session_id=inp.caller_session_id,
-                            depth=inp.depth,
-                        ),
-                        sync=inp.sync,
-                        name=f"Invoked by {caller}",
-                        session_id=session_id,
-                        update_id=inp.delegation_id,
-                    )
-                    reply = launched.response
-                else:
-                    session_id = inp.session_id
-                    await asyncio.to_thread(self._check_continuable, inp)
-                    _, reply = await launch.send_message(
-                        self._client,
-                        self._engine,
-                        session_id=session_id,
-                        prompt=inp.prompt,
-                        sync=inp.sync,
-                        update_id=inp.delegation_id,
-                        invoked_by_agent=caller,
-                    )
-            except EngineUnavailable:
-                raise  # Temporal unreachable: retry the activity
-            except BatonError as exc:
-                text = f"invoke_agent failed ({exc.code}): {exc.detail}"
-                return await asyncio.to_thread(self._store, tool, text, False)
-        result: dict[str, Any] = {
-            "session_id": session_id,
-            "status": "completed" if inp.sync else "running",
-        }
-        if inp.sync:
-            reply = reply or ""
-            if len(reply) > MAX_INLINE_REPLY:
-                reply = (
-                    reply[:MAX_INLINE_REPLY]
-                    + " … (cut; read the rest with get_agent_session_transcript)"
-                )
-            result["response"] = reply
-        return await asyncio.to_thread(self._store, tool, _json(result), True)
-
-    def _check_continuable(self, inp: DelegateInput) -> None:
-        with session_scope(self._engine) as s:
-            row = sessions.get_session(s, session_id=inp.session_id or "")
-            if row.agent_slug != inp.target:
-                raise SessionOfOtherAgent(
-                    f"session '{row.id}' is a session of '{row.agent_slug}', not '{inp.target}'"
-                )
-            if row.status in CLOSED_STATUSES:
-                raise SessionNotContinuable(f"session '{row.id}' is {row.status}")
-
     def _stored(self, message_id: str) -> ToolOutcome | None:
         with session_scope(self._engine) as s:
             return stored_outcome(s, message_id)
-
-    def _store(self, tool: ToolMessage, text: str, ok: bool) -> ToolOutcome:
-        with session_scope(self._engine) as s:
-            done = stored_outcome(s, tool.message_id)
-            return done if done is not None else store_result(s, tool, text, ok=ok)
 
 
 class SessionOfOtherAgent(BatonError):

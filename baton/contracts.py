@@ -134,6 +134,20 @@ class Provenance(BaseModel):
     parent_session_id: str | None = None
     team: str | None = None
     depth: int = 0
+    root_session_id: str | None = Field(
+        default=None, description="The run's first session (None: this one is the root)."
+    )
+    delegation_id: str | None = None
+    delegation_kind: str | None = Field(
+        default=None, description="invoke | delegate_to | task | route | mention"
+    )
+    disable_delegation: bool = Field(default=False, description="Solo: no ad-hoc delegation.")
+    team_member: bool = Field(
+        default=False, description="A team member's isolated session: it cannot re-delegate."
+    )
+    run_limits: ResolvedLimits | None = Field(
+        default=None, description="Limits of the run (the root agent's), carried down."
+    )
 
 
 class SessionConfig(BaseModel):
@@ -153,6 +167,12 @@ class SessionConfig(BaseModel):
         default=900.0, description="How long one delegation (invoke_agent) may take."
     )
     auth: bool = Field(default=False, description="BATON_AUTH=on: ACL checks apply.")
+    allow_adhoc_delegation: bool = Field(
+        default=True, description="Roster agents are offered to ordinary sessions (seed 002)."
+    )
+    runtime_depth_ceiling: int = Field(
+        default=8, description="No delegation nests deeper than this (seed 004)."
+    )
     continue_as_new_after_turns: int | None = Field(
         default=None,
         description="Also continue-as-new after this many turns (None = when suggested).",
@@ -171,6 +191,29 @@ class UserMessage(BaseModel):
     invoked_by_agent: str | None = None
 
 
+class TeamMemberSnapshot(BaseModel):
+    """A team member as a run sees it: slug, pin at launch, role, hint."""
+
+    agent_id: str
+    pin: str
+    role: Literal["supervisor", "specialist"] = "specialist"
+    hint: str = ""
+
+
+class TeamSnapshot(BaseModel):
+    """The team of a team run, fixed at launch (DESIGN §7)."""
+
+    id: str
+    supervisor: str
+    members: list[TeamMemberSnapshot] = Field(default_factory=list)
+    routes: list[tuple[str, str]] = Field(default_factory=list, description="(when, to)")
+    shared_channel: str
+
+    def specialists(self) -> list[TeamMemberSnapshot]:
+        """Members other than the supervisor."""
+        return [m for m in self.members if m.role == "specialist"]
+
+
 class SessionInput(BaseModel):
     """SessionWorkflow input. ``agent`` and ``turn`` are carried across continue-as-new."""
 
@@ -183,6 +226,9 @@ class SessionInput(BaseModel):
     )
     agent: ResolvedAgent | None = None
     turn: int = 0
+    team: TeamSnapshot | None = Field(
+        default=None, description="Team run: the team, members pinned at launch."
+    )
 
 
 class ToolCall(BaseModel):
@@ -224,6 +270,14 @@ class LoadAgentInput(BaseModel):
     agent_pin: str
 
 
+class DelegationOffer(BaseModel):
+    """Delegation tools a model turn offers (the activity builds their schemas)."""
+
+    team: TeamSnapshot | None = Field(default=None, description="Supervisor of a team run.")
+    adhoc: bool = Field(default=False, description="Offer the ad-hoc roster.")
+    task: bool = Field(default=False, description="The agent has subagents: offer `task`.")
+
+
 class ModelTurnInput(BaseModel):
     """``model_turn`` activity input: ids chosen by the workflow, no transcript (claim-check)."""
 
@@ -237,6 +291,11 @@ class ModelTurnInput(BaseModel):
     user_text: str | None = None
     user_position: str | None = None
     default_model: str | None = None
+    delegation: DelegationOffer | None = Field(
+        default=None, description="Which delegation tools this turn offers."
+    )
+    run_root: str | None = Field(default=None, description="Root session of the run.")
+    token_budget: int | None = Field(default=None, description="The run's token budget.")
 
 
 class ModelTurnResult(BaseModel):
@@ -517,3 +576,33 @@ class DelegateInput(BaseModel):
     task_queue: str
     config: SessionConfig
     depth: int = 1
+    kind: str = Field(default="invoke", description="invoke | delegate_to | task | route | mention")
+    alias: str | None = Field(default=None, description="task: the subagent's alias.")
+    root_session_id: str | None = None
+    team: TeamSnapshot | None = None
+    run_limits: ResolvedLimits | None = None
+    disable_delegation: bool = False
+
+
+# --- Delegation (seed 002 delegate_to, seed 004 subagent task) ---------------------
+
+DELEGATION_TOOLS = ("delegate_to", "task")
+LIMIT_EXCEEDED = "limit_exceeded"
+
+
+class DelegateToArgs(_Args):
+    """``delegate_to(agent_id, task)``."""
+
+    agent_id: str = Field(pattern=SLUG_PATTERN, description="The teammate to hand the task to.")
+    task: str = Field(
+        min_length=1,
+        max_length=MAX_MESSAGE_CHARS,
+        description="A self-contained task with all the context the teammate needs.",
+    )
+
+
+class TaskArgs(_Args):
+    """``task(alias, prompt)``: run a subagent of this agent's tree."""
+
+    alias: str = Field(pattern=SLUG_PATTERN, description="The subagent's alias.")
+    prompt: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)

@@ -268,6 +268,64 @@ class AgentAcl(SQLModel, table=True):
     role: str = Field(max_length=10)
 
 
+class TeamRow(SQLModel, table=True):
+    """A team: one supervisor (lead) and its specialists (members), seed 002 'Data Model'.
+
+    Members are referenced by agent slug, so renaming an agent never breaks a team.
+    """
+
+    __tablename__ = "teams"
+
+    id: str = Field(primary_key=True, max_length=63)
+    name: str = Field(max_length=200)
+    description: str = Field(default="", max_length=2000)
+    supervisor_agent_id: str = Field(max_length=63)
+    members: list[dict[str, Any]] = Field(default_factory=list, sa_type=sa.JSON)
+    routes: list[dict[str, Any]] = Field(default_factory=list, sa_type=sa.JSON)
+    shared_channel: str = Field(max_length=80)
+    created_at: datetime = _ts()
+    updated_at: datetime = _ts()
+
+
+class DelegationRow(SQLModel, table=True):
+    """One delegation (invoke_agent, delegate_to, task): the edge of a run's tree.
+
+    ``root_session_id`` is the session the run started from; the trace and the
+    run-wide limits (spawns, token budget) read the tree from here.
+    """
+
+    __tablename__ = "delegations"
+
+    id: str = Field(primary_key=True, max_length=200)
+    root_session_id: str = Field(index=True, max_length=80)
+    parent_session_id: str = Field(index=True, max_length=80)
+    child_session_id: str | None = Field(default=None, index=True, max_length=80)
+    kind: str = Field(max_length=20)  # invoke | delegate_to | task | route | mention
+    caller_agent_slug: str = Field(max_length=63)
+    target_agent_slug: str = Field(max_length=63)
+    alias: str | None = Field(default=None, max_length=63)
+    task: str = ""
+    depth: int = 1
+    status: str = Field(default="running", max_length=20)  # running | completed | failed
+    error: str | None = None
+    result_preview: str = ""
+    started_at: datetime = _ts()
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class ChannelMemory(SQLModel, table=True):
+    """A memory on a team's shared channel (seed 002): delegated results and facts."""
+
+    __tablename__ = "channel_memories"
+
+    id: int | None = Field(default=None, primary_key=True)
+    channel: str = Field(index=True, max_length=80)
+    agent_slug: str = Field(max_length=63)
+    delegation_id: str | None = Field(default=None, max_length=200)
+    text: str
+    created_at: datetime = _ts()
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; for a SQLite file, its folder is created.
 

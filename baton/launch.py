@@ -32,8 +32,10 @@ from baton.contracts import (
     SESSION_BUSY,
     SESSION_CLOSED,
     Provenance,
+    ResolvedAgent,
     SessionConfig,
     SessionInput,
+    TeamSnapshot,
     TurnOutcome,
     UserMessage,
     initial_search_attributes,
@@ -113,8 +115,14 @@ async def launch_session(
     name: str | None = None,
     session_id: str | None = None,
     update_id: str | None = None,
+    agent: ResolvedAgent | None = None,
+    team: TeamSnapshot | None = None,
 ) -> Launched:
     """Resolve ``ref``, record the session and start it with its first message.
+
+    ``agent`` runs a given configuration instead of resolving ``ref`` (a subagent
+    node: its pin overlaid with node-local instructions, model and tools); ``team``
+    makes it a team run (the supervisor's session, members pinned).
 
     ``session_id`` + ``update_id`` make the launch idempotent (the ``delegate``
     activity derives both from the delegation id, so a retry attaches to the
@@ -132,20 +140,39 @@ async def launch_session(
             existing = s.get(SessionRow, session_id) if idempotent else None
             if existing is not None:
                 return existing.agent_slug, existing.agent_version
-            agent, rev = registry.resolve_ref(s, ref=ref)
+            if agent is not None:
+                row = sessions.create_session(
+                    s,
+                    session_id=session_id,
+                    agent_slug=agent.slug,
+                    agent_version=agent.version,
+                    provenance=provenance,
+                    name=name or _name(prompt),
+                )
+                row.resolved_agent = agent.model_dump(mode="json")
+                s.add(row)
+                return agent.slug, agent.version
+            found, rev = registry.resolve_ref(s, ref=ref)
             sessions.create_session(
                 s,
                 session_id=session_id,
-                agent_slug=agent.slug,
+                agent_slug=found.slug,
                 agent_version=rev.version,
                 provenance=provenance,
                 name=name or _name(prompt),
             )
-            return agent.slug, rev.version
+            return found.slug, rev.version
 
     slug, version = await asyncio.to_thread(record)
     pin = f"{slug}@{version}"
-    inp = SessionInput(session_id=session_id, agent_pin=pin, provenance=provenance, config=config)
+    inp = SessionInput(
+        session_id=session_id,
+        agent_pin=pin,
+        provenance=provenance,
+        config=config,
+        agent=agent,
+        team=team,
+    )
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         WORKFLOW,
         inp,

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jsonschema
 
-from baton.contracts import XAGENT_ARGS
+from baton.contracts import XAGENT_ARGS, ResolvedAgent
 
 
 class ToolError(Exception):
@@ -193,3 +193,49 @@ def xagent_tools(blocked: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
             prop.pop("title", None)
         out.append((name, XAGENT_DESCRIPTIONS[name], schema))
     return out
+
+
+def delegate_to_tool(members: list[tuple[str, str]]) -> tuple[str, str, dict[str, Any]]:
+    """``delegate_to(agent_id, task)`` with an enum of ``members`` and their hints (seed 002)."""
+    hints = "; ".join(f"{slug}: {hint}" for slug, hint in members)
+    return (
+        "delegate_to",
+        "Hand a focused, self-contained subtask to a teammate and get its full result. "
+        "The teammate sees only the task, not this conversation. Several calls in one "
+        f"turn run in parallel. Teammates — {hints}",
+        {
+            "type": "object",
+            "properties": {
+                "agent_id": {"type": "string", "enum": [slug for slug, _ in members]},
+                "task": {
+                    "type": "string",
+                    "description": "The task with all the context the teammate needs.",
+                },
+            },
+            "required": ["agent_id", "task"],
+            "additionalProperties": False,
+        },
+    )
+
+
+def task_tool(agent: ResolvedAgent) -> tuple[str, str, dict[str, Any]]:
+    """``task(alias, prompt)`` over the agent's subagents (seed 004, 'Subagents')."""
+    about = "; ".join(
+        f"{n.alias} ({n.agent}@{n.version})"
+        + (f": {n.system_prompt[:120]}" if n.system_prompt else "")
+        for n in agent.subagents
+    )
+    return (
+        "task",
+        "Run a subagent on a prompt in its own bounded context and get its result. "
+        f"Subagents — {about}",
+        {
+            "type": "object",
+            "properties": {
+                "alias": {"type": "string", "enum": [n.alias for n in agent.subagents]},
+                "prompt": {"type": "string"},
+            },
+            "required": ["alias", "prompt"],
+            "additionalProperties": False,
+        },
+    )

@@ -18,6 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.delegation import DelegationActivities
 from activities.session import SessionActivities
 from activities.xagent import XAgentActivities
 from baton.contracts import SEARCH_ATTRIBUTES
@@ -43,6 +44,7 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
     """The activity callables bound to ``engine`` (and ``client``, for delegations)."""
     acts = SessionActivities(engine)
     xagent = XAgentActivities(engine, client)
+    delegation = DelegationActivities(engine, client)
     return [
         acts.load_agent,
         acts.model_turn,
@@ -53,7 +55,8 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
         xagent.settle_review,
         xagent.refuse_tool,
         xagent.xagent_tool,
-        xagent.delegate,
+        delegation.delegate,
+        delegation.cancel_delegations,
     ]
 
 

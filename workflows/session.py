@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -20,9 +21,11 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from activities.delegation import DelegationActivities
     from activities.session import SessionActivities
     from activities.xagent import XAgentActivities
     from baton.contracts import (
+        DELEGATION_TOOLS,
         INVALID_PROMPT,
         MAX_MESSAGE_CHARS,
         ONE_HOP_VIOLATION,
@@ -36,18 +39,22 @@ with workflow.unsafe.imports_passed_through():
         XAGENT_TOOLS,
         AuthorizeInput,
         DelegateInput,
+        DelegateToArgs,
+        DelegationOffer,
         InvokeAgentArgs,
         LoadAgentInput,
         ModelTurnInput,
         ModelTurnResult,
         RefusalInput,
         ResolvedAgent,
+        ResolvedLimits,
         ReviewDecision,
         ReviewOutcome,
         SessionInput,
         SessionStatus,
         SettleInput,
         StatusChange,
+        TaskArgs,
         ToolCall,
         ToolInput,
         ToolMessage,
@@ -73,6 +80,8 @@ PATCH_COARSE_STATUS = "coarse-status-search-attribute"
 PATCH_CANCEL_TURN = "cancel-cancels-running-turn"
 PATCH_LOAD_FAILED = "unloadable-pin-fails-session"
 PATCH_XAGENT = "x-agent-tools"
+PATCH_DELEGATION = "delegation-tools"
+PATCH_CASCADE = "cancel-cascades-to-delegations"
 #: Decisions kept for reviews that already had their outcome (reported, then dropped).
 MAX_LATE_DECISIONS = 50
 
@@ -134,6 +143,15 @@ class SessionWorkflow:
                 retry_policy=STORE_RETRY,
                 summary="cancelled",
             )
+            if workflow.patched(PATCH_CASCADE):
+                # Every open session delegated from this one (sync or async, any depth).
+                await workflow.execute_activity_method(
+                    DelegationActivities.cancel_delegations,
+                    inp.session_id,
+                    start_to_close_timeout=STORE_TIMEOUT,
+                    retry_policy=STORE_RETRY,
+                    summary="cancel delegations",
+                )
             raise
         except ActivityError as err:
             # The pin no longer resolves (retired/deleted since launch): end the session.
@@ -283,17 +301,52 @@ class SessionWorkflow:
             # Several tool calls in one model response run in parallel.
             await asyncio.gather(
                 *(
-                    self._xagent(agent, turn, step, i, call)
-                    if call.name in XAGENT_TOOLS
-                    and call.name not in agent.blocked_tools
-                    and workflow.patched(PATCH_XAGENT)
-                    else self._tool(agent, turn, step, i, call)
+                    self._dispatch(agent, turn, step, i, call)
                     for i, call in enumerate(result.tool_calls)
                 )
             )
         error = f"stopped after {cfg.max_steps_per_message} model calls for one message"
         await self._fail_text(f"{prefix}:limit", position(turn, 999, 3), error)
         raise ApplicationError(error, type="step_limit", non_retryable=True)
+
+    def _dispatch(
+        self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
+    ) -> Awaitable[ToolOutcome]:
+        """Route a tool call: X-Agent tools and delegations are the workflow's own; a tool
+        the agent blocks, or any other, is an ordinary tool (which refuses unknown ones)."""
+        if call.name not in agent.blocked_tools:
+            if call.name in XAGENT_TOOLS and workflow.patched(PATCH_XAGENT):
+                return self._xagent(agent, turn, step, index, call)
+            if call.name in DELEGATION_TOOLS and workflow.patched(PATCH_DELEGATION):
+                return self._delegation(agent, turn, step, index, call)
+        return self._tool(agent, turn, step, index, call)
+
+    def _offer(self, agent: ResolvedAgent) -> DelegationOffer:
+        """Which delegation tools this session offers (seed 002; seed 004 subagents).
+
+        A team run's supervisor gets delegate_to over the team's specialists (Solo is
+        ignored: a team run is delegation); members never re-delegate; other sessions
+        get the ad-hoc roster unless the deployment or the session (Solo) turns it off.
+        """
+        prov = self._inp.provenance
+        cfg = self._inp.config
+        team = self._inp.team
+        lead = team is not None and not prov.team_member and agent.slug == team.supervisor
+        adhoc = (
+            cfg.allow_adhoc_delegation
+            and team is None
+            and not prov.team_member
+            and not prov.disable_delegation
+        )
+        return DelegationOffer(team=team if lead else None, adhoc=adhoc, task=bool(agent.subagents))
+
+    def _run_limits(self, agent: ResolvedAgent) -> ResolvedLimits:
+        """The run's limits: the root agent's, carried down every delegation."""
+        return self._inp.provenance.run_limits or agent.limits
+
+    @property
+    def _root(self) -> str:
+        return self._inp.provenance.root_session_id or self._inp.session_id
 
     async def _model_turn(
         self, agent: ResolvedAgent, turn: int, step: int, user: tuple[str, str, str] | None
@@ -313,6 +366,9 @@ class SessionWorkflow:
                 user_text=user[1] if user else None,
                 user_position=user[2] if user else None,
                 default_model=cfg.default_model,
+                delegation=self._offer(agent),
+                run_root=self._root,
+                token_budget=self._run_limits(agent).token_budget,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
             heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
@@ -361,11 +417,7 @@ class SessionWorkflow:
         try:
             args = XAGENT_ARGS[call.name].model_validate(call.args)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                for e in exc.errors()[:5]
-            )
-            return await self._refuse(tool, "invalid_arguments", problems, audit=False)
+            return await self._refuse(tool, "invalid_arguments", _problems(exc), audit=False)
         target: str | None = getattr(args, "slug", None)
         if isinstance(args, InvokeAgentArgs):
             if args.slug == agent.slug:
@@ -415,7 +467,15 @@ class SessionWorkflow:
                 return settled
         try:
             if isinstance(args, InvokeAgentArgs):
-                return await self._delegate(tool, args, turn)
+                return await self._delegate(
+                    tool,
+                    turn,
+                    kind="invoke",
+                    target=args.slug,
+                    prompt=args.prompt,
+                    session_id=args.session_id,
+                    sync=args.sync,
+                )
             return await workflow.execute_activity_method(
                 XAgentActivities.xagent_tool,
                 XAgentCall(
@@ -483,27 +543,90 @@ class SessionWorkflow:
         )
         return None if settled.allowed else settled.outcome
 
-    async def _delegate(self, tool: ToolMessage, args: InvokeAgentArgs, turn: int) -> ToolOutcome:
+    async def _delegation(
+        self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
+    ) -> ToolOutcome:
+        """``delegate_to`` (seed 002) and ``task`` (seed 004): a delegation, always sync."""
+        sid = self._inp.session_id
+        tool = ToolMessage(
+            session_id=sid,
+            agent_slug=agent.slug,
+            message_id=f"{sid}:t{turn}:s{step}:tool{index}",
+            position=position(turn, step, 2, index),
+            call=call,
+        )
+        try:
+            if call.name == "delegate_to":
+                wanted = DelegateToArgs.model_validate(call.args)
+            else:
+                task = TaskArgs.model_validate(call.args)
+        except ValidationError as exc:
+            return await self._refuse(tool, "invalid_arguments", _problems(exc), audit=False)
+        try:
+            if call.name == "delegate_to":
+                offer = self._offer(agent)
+                if offer.team is None and not offer.adhoc:
+                    why = (
+                        "team members cannot re-delegate"
+                        if self._inp.provenance.team_member
+                        else "delegation is off for this session (Solo, or ad-hoc delegation "
+                        "disabled)"
+                    )
+                    return await self._refuse(tool, "delegation_unavailable", why, audit=False)
+                if wanted.agent_id == agent.slug:
+                    return await self._refuse(
+                        tool, "self_delegation", "an agent cannot delegate to itself", audit=False
+                    )
+                return await self._delegate(
+                    tool, turn, kind="delegate_to", target=wanted.agent_id, prompt=wanted.task
+                )
+            return await self._delegate(
+                tool, turn, kind="task", target="", prompt=task.prompt, alias=task.alias
+            )
+        except ActivityError as err:
+            if self._closed:
+                raise
+            return await self._refuse(tool, "delegation_failed", _cause(err), audit=False)
+
+    async def _delegate(
+        self,
+        tool: ToolMessage,
+        turn: int,
+        *,
+        kind: str,
+        target: str,
+        prompt: str,
+        session_id: str | None = None,
+        sync: bool = True,
+        alias: str | None = None,
+    ) -> ToolOutcome:
         cfg = self._inp.config
+        assert self._agent is not None
         return await workflow.execute_activity_method(
-            XAgentActivities.delegate,
+            DelegationActivities.delegate,
             DelegateInput(
                 tool=tool,
                 delegation_id=f"{tool.message_id}:delegation",
                 caller_session_id=self._inp.session_id,
                 user=self._inp.provenance.created_by_user,
-                target=args.slug,
-                prompt=args.prompt,
-                session_id=args.session_id,
-                sync=args.sync,
+                target=target,
+                prompt=prompt,
+                session_id=session_id,
+                sync=sync,
                 task_queue=workflow.info().task_queue,
                 config=cfg,
                 depth=self._inp.provenance.depth + 1,
+                kind=kind,
+                alias=alias,
+                root_session_id=self._root,
+                team=self._inp.team,
+                run_limits=self._run_limits(self._agent),
+                disable_delegation=self._inp.provenance.disable_delegation,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
             heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
             retry_policy=DELEGATE_RETRY,
-            summary=f"invoke {args.slug}" + (" (sync)" if args.sync else "") + f" · turn {turn}",
+            summary=f"{kind} → {alias or target}" + (" (sync)" if sync else "") + f" · turn {turn}",
         )
 
     async def _refuse(
@@ -521,7 +644,7 @@ class SessionWorkflow:
                 tool=tool,
                 error=error,
                 code=code,
-                operation=OPERATION_OF[tool.call.name],
+                operation=OPERATION_OF.get(tool.call.name),
                 target=target,
                 audit=audit,
             ),
@@ -557,3 +680,10 @@ class SessionWorkflow:
 def _cause(err: ActivityError) -> str:
     cause = err.cause
     return str(cause.message) if isinstance(cause, ApplicationError) else str(cause or err)
+
+
+def _problems(exc: ValidationError) -> str:
+    """Up to five argument problems, ``path: message``, for the model to correct."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:5]
+    )

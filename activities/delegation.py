@@ -1,0 +1,377 @@
+"""The ``delegate`` activity (DESIGN §4): every delegation — invoke_agent, delegate_to,
+a subagent ``task``, a team route, an @mention — starts or continues the target's
+own ``Session`` workflow through the Temporal client; and ``cancel_delegations``,
+the cancel cascade (seed 002, seed 004 'What bounds a tree', DESIGN §7).
+
+Before a child starts, the run's bounds are checked in the same transaction that
+records the delegation: ``max_delegation_depth`` (delegate_to), the runtime depth
+ceiling (every kind), and the run's ``limits`` (``max_depth``, ``max_spawns``,
+``token_budget``). A refusal is the caller's tool error ``limit_exceeded: …``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from activities.session import heartbeating
+from activities.xagent import (
+    SessionNotContinuable,
+    SessionOfOtherAgent,
+    store_result,
+    stored_outcome,
+)
+from baton import delegations, launch, registry, roster, sessions, teams
+from baton.contracts import (
+    CLOSED_STATUSES,
+    LIMIT_EXCEEDED,
+    DelegateInput,
+    Provenance,
+    ResolvedAgent,
+    ResolvedLimits,
+    ToolMessage,
+    ToolOutcome,
+)
+from baton.db import DelegationRow, session_scope
+from baton.errors import BatonError, EngineUnavailable
+
+#: Longest inline reply a delegation returns to the caller's model (characters).
+MAX_INLINE_REPLY = 32_000
+#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
+DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
+
+
+class Refused(Exception):
+    """A delegation refused before its child starts: ``code: message`` for the model."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+
+
+@dataclass
+class Plan:
+    """What to start: the child's id, configuration, first message and provenance."""
+
+    session_id: str
+    target: str
+    ref: str
+    prompt: str
+    agent: ResolvedAgent | None
+    provenance: Provenance
+    name: str
+    continue_existing: bool = False
+
+
+def child_agent(session: Session, caller: ResolvedAgent, alias: str) -> ResolvedAgent:
+    """The configuration a subagent ``task`` runs with (seed 004, 'Subagents').
+
+    The node's pinned agent, overlaid with the node-local instructions, model
+    override and narrowed tools; its children are the node's, or (a leaf node)
+    the referenced agent's own tree, so recursion is bounded by the runtime
+    ceiling rather than by the spec. Raises Refused for an unknown alias.
+    """
+    node = next((n for n in caller.subagents if n.alias == alias), None)
+    if node is None:
+        known = ", ".join(n.alias for n in caller.subagents) or "none"
+        raise Refused("unknown_subagent", f"no subagent '{alias}' (subagents: {known})")
+    base = registry.resolve_agent(session, ref=f"{node.agent}@{node.version}")
+    return base.model_copy(
+        update={
+            "system_prompt": node.system_prompt,
+            "model": node.model or base.model,
+            "tools": node.tools,
+            "allowed_tools": node.allowed_tools,
+            "blocked_tools": node.blocked_tools,
+            "limits": node.limits,
+            "subagents": node.subagents or base.subagents,
+        }
+    )
+
+
+def _min(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
+    cfg = inp.config
+    if inp.kind in ("delegate_to", "route", "mention") and inp.depth > cfg.max_delegation_depth:
+        raise Refused(
+            LIMIT_EXCEEDED,
+            f"delegation depth {inp.depth} exceeds max_delegation_depth "
+            f"{cfg.max_delegation_depth}; do the work yourself or answer with what you have",
+        )
+    if inp.depth > cfg.runtime_depth_ceiling:
+        raise Refused(
+            LIMIT_EXCEEDED,
+            f"nesting depth {inp.depth} exceeds the runtime ceiling {cfg.runtime_depth_ceiling}",
+        )
+    limits = inp.run_limits or ResolvedLimits()
+    if limits.max_depth is not None and inp.depth > limits.max_depth:
+        raise Refused(
+            LIMIT_EXCEEDED, f"nesting depth {inp.depth} exceeds max_depth {limits.max_depth}"
+        )
+    if limits.max_spawns is not None:
+        spawned = delegations.run_spawns(session, root_session_id=root)
+        if spawned >= limits.max_spawns:
+            raise Refused(
+                LIMIT_EXCEEDED,
+                f"this run already started {spawned} sessions (max_spawns {limits.max_spawns})",
+            )
+    if limits.token_budget is not None:
+        used = delegations.run_tokens(session, root_session_id=root)
+        if used >= limits.token_budget:
+            raise Refused(
+                LIMIT_EXCEEDED,
+                f"this run used {used} tokens of its token_budget {limits.token_budget}",
+            )
+
+
+def _with_memories(session: Session, channel: str, task: str) -> str:
+    found = teams.relevant_memories(session, channel=channel, task=task)
+    if not found:
+        return task
+    lines = "\n".join(
+        f"- [{m.agent_slug}] {sessions.summarise(m.text, teams.MEMORY_CHARS)}" for m in found
+    )
+    return f"{task}\n\nRelevant memories from the team's shared channel:\n{lines}"
+
+
+class DelegationActivities:
+    """``delegate`` and ``cancel_delegations``, built with the DB engine and a client."""
+
+    def __init__(self, engine: Engine, client: Client) -> None:
+        self._engine = engine
+        self._client = client
+
+    def _plan(self, inp: DelegateInput) -> Plan:
+        """Check the bounds, record the delegation, and say what to start. Raises Refused."""
+        caller = inp.tool.agent_slug
+        root = inp.root_session_id or inp.caller_session_id
+        with session_scope(self._engine) as s:
+            if inp.kind == "invoke" and inp.session_id is not None:
+                row = sessions.get_session(s, session_id=inp.session_id)
+                if row.agent_slug != inp.target:
+                    raise SessionOfOtherAgent(
+                        f"session '{row.id}' is a session of '{row.agent_slug}', not '{inp.target}'"
+                    )
+                if row.status in CLOSED_STATUSES:
+                    raise SessionNotContinuable(f"session '{row.id}' is {row.status}")
+                child_id = inp.session_id
+            else:
+                child_id = f"session-{uuid.uuid5(DELEGATION_NS, inp.delegation_id)}"
+            existing = s.get(DelegationRow, inp.delegation_id)
+            agent: ResolvedAgent | None = None
+            ref = inp.target
+            prompt = inp.prompt
+            team_member = False
+            if inp.kind == "task":
+                caller_row = sessions.get_session(s, session_id=inp.caller_session_id)
+                parent = ResolvedAgent.model_validate(caller_row.resolved_agent)
+                agent = child_agent(s, parent, inp.alias or "")
+                ref = agent.pin
+            elif inp.kind in ("delegate_to", "route", "mention"):
+                if inp.target == caller:
+                    raise Refused("self_delegation", "an agent cannot delegate to itself")
+                if inp.team is not None and inp.kind != "mention":
+                    member = next(
+                        (m for m in inp.team.specialists() if m.agent_id == inp.target), None
+                    )
+                    if member is None:
+                        names = ", ".join(m.agent_id for m in inp.team.specialists())
+                        raise Refused(
+                            "not_a_member", f"'{inp.target}' is not a member of this team ({names})"
+                        )
+                    ref = member.pin
+                    team_member = True
+                    prompt = _with_memories(s, inp.team.shared_channel, inp.prompt)
+                elif inp.kind == "delegate_to" and inp.target not in {
+                    slug for slug, _ in roster.roster(s, exclude=caller)
+                }:
+                    raise Refused(
+                        "not_on_roster",
+                        f"'{inp.target}' is not on the delegation roster "
+                        "(agents with delegation.available_for_delegation)",
+                    )
+            if existing is None:
+                _check_limits(s, inp, root)
+            delegations.start(
+                s,
+                delegation_id=inp.delegation_id,
+                root_session_id=root,
+                parent_session_id=inp.caller_session_id,
+                child_session_id=child_id,
+                kind=inp.kind,
+                caller=caller,
+                target=agent.slug if agent else inp.target,
+                task=inp.prompt,
+                depth=inp.depth,
+                alias=inp.alias,
+                event={
+                    "supervisor_agent_id": inp.team.supervisor if inp.team else None,
+                    "shared_channel": inp.team.shared_channel if inp.team else None,
+                },
+            )
+        provenance = Provenance(
+            created_by_user=inp.user,
+            invoked_by_agent=caller,
+            parent_session_id=inp.caller_session_id,
+            team=inp.team.id if inp.team else None,
+            depth=inp.depth,
+            root_session_id=root,
+            delegation_id=inp.delegation_id,
+            delegation_kind=inp.kind,
+            disable_delegation=inp.disable_delegation,
+            team_member=team_member,
+            run_limits=inp.run_limits,
+        )
+        label = "Invoked by" if inp.kind == "invoke" else "Delegated by"
+        return Plan(
+            session_id=child_id,
+            target=agent.slug if agent else inp.target,
+            ref=ref,
+            prompt=prompt,
+            agent=agent,
+            provenance=provenance,
+            name=f"{label} {caller}" if inp.kind != "task" else f"Task {inp.alias} from {caller}",
+            continue_existing=inp.kind == "invoke" and inp.session_id is not None,
+        )
+
+    @activity.defn(name="delegate")
+    async def delegate(self, inp: DelegateInput) -> ToolOutcome:
+        """Run one delegation to its result (sync) or its start (async invoke).
+
+        The child's session id derives from the delegation id and its first
+        message's Update id is the delegation id, so a retried activity attaches
+        to what its first attempt started. Refusals (bounds, membership, unknown
+        session, busy, retired target) are the caller's tool error; Temporal being
+        unreachable is retried. Team results land on the shared channel.
+        """
+        tool = inp.tool
+        done = await asyncio.to_thread(self._stored, tool.message_id)
+        if done is not None:
+            return done
+        sync = inp.sync or inp.kind != "invoke"
+        async with heartbeating():
+            try:
+                plan = await asyncio.to_thread(self._plan, inp)
+                if plan.continue_existing:
+                    _, reply = await launch.send_message(
+                        self._client,
+                        self._engine,
+                        session_id=plan.session_id,
+                        prompt=plan.prompt,
+                        sync=sync,
+                        update_id=inp.delegation_id,
+                        invoked_by_agent=tool.agent_slug,
+                    )
+                else:
+                    launched = await launch.launch_session(
+                        self._client,
+                        self._engine,
+                        task_queue=inp.task_queue,
+                        config=inp.config,
+                        ref=plan.ref,
+                        prompt=plan.prompt,
+                        provenance=plan.provenance,
+                        sync=sync,
+                        name=plan.name,
+                        session_id=plan.session_id,
+                        update_id=inp.delegation_id,
+                        agent=plan.agent,
+                    )
+                    reply = launched.response
+            except Refused as exc:
+                return await asyncio.to_thread(self._store, tool, str(exc), False, None)
+            except EngineUnavailable:
+                raise  # Temporal unreachable: retry the activity
+            except BatonError as exc:
+                text = f"{tool.call.name} failed ({exc.code}): {exc.detail}"
+                return await asyncio.to_thread(self._store, tool, text, False, inp)
+        reply = reply or ""
+        if inp.kind == "invoke":
+            result: dict[str, Any] = {
+                "session_id": plan.session_id,
+                "status": "completed" if sync else "running",
+            }
+            if sync:
+                result["response"] = _cut(reply)
+            text = json.dumps(result, ensure_ascii=False)
+        else:
+            text = _cut(reply)
+        return await asyncio.to_thread(self._store, tool, text, True, inp, reply, sync)
+
+    def _stored(self, message_id: str) -> ToolOutcome | None:
+        with session_scope(self._engine) as s:
+            return stored_outcome(s, message_id)
+
+    def _store(
+        self,
+        tool: ToolMessage,
+        text: str,
+        ok: bool,
+        inp: DelegateInput | None,
+        reply: str = "",
+        finished: bool = True,
+    ) -> ToolOutcome:
+        """Store the caller's tool result, finish the delegation, feed the team channel."""
+        with session_scope(self._engine) as s:
+            done = stored_outcome(s, tool.message_id)
+            if done is not None:
+                return done
+            if inp is not None and finished:
+                delegations.finish(
+                    s,
+                    delegation_id=inp.delegation_id,
+                    status="completed" if ok else "failed",
+                    result=reply if ok else "",
+                    error=None if ok else text,
+                )
+                if ok and inp.team is not None and inp.kind != "invoke":
+                    teams.remember(
+                        s,
+                        channel=inp.team.shared_channel,
+                        agent=inp.target,
+                        text=reply,
+                        delegation_id=inp.delegation_id,
+                    )
+            return store_result(s, tool, text, ok=ok)
+
+    @activity.defn(name="cancel_delegations")
+    async def cancel_delegations(self, session_id: str) -> list[str]:
+        """Cancel every open session delegated (transitively) from ``session_id``.
+
+        The cancel cascade (issue: cancelling a session cancels every running
+        delegation under it, sync and async). Idempotent; returns the ids cancelled.
+        """
+
+        def open_children() -> list[str]:
+            with session_scope(self._engine) as s:
+                ids = delegations.descendants(s, session_id=session_id)
+                return [
+                    i
+                    for i in ids
+                    if sessions.get_session(s, session_id=i).status not in CLOSED_STATUSES
+                ]
+
+        targets = await asyncio.to_thread(open_children)
+        for child in targets:
+            try:
+                await self._client.get_workflow_handle(child).cancel()
+            except RPCError as exc:  # already ended: nothing to cancel
+                activity.logger.info("cancel %s: %s", child, exc.message)
+        return targets
+
+
+def _cut(reply: str) -> str:
+    if len(reply) <= MAX_INLINE_REPLY:
+        return reply
+    return reply[:MAX_INLINE_REPLY] + " … (cut; read the rest with get_agent_session_transcript)"

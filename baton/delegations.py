@@ -1,0 +1,304 @@
+"""Delegations: the edges of a run's tree, the events forwarded to the root session,
+run-wide limits and the trace (seed 002 'Execution & Streaming', DESIGN §7).
+
+A run is the tree of sessions under one root session. Every delegation
+(invoke_agent, delegate_to, task, a team route, an @mention) is a row here, so
+the trace, ``max_spawns`` and ``token_budget`` read the tree from the database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from baton import sessions
+from baton.db import DelegationRow, MessageRow, SessionRow, utcnow
+
+PREVIEW_CHARS = 300
+#: Cached delegation context per child session: (root, delegation id, target slug).
+_CONTEXT: dict[str, tuple[str, str, str] | None] = {}
+CONTEXT_CACHE = 4096
+
+
+def start(
+    session: Session,
+    *,
+    delegation_id: str,
+    root_session_id: str,
+    parent_session_id: str,
+    child_session_id: str | None,
+    kind: str,
+    caller: str,
+    target: str,
+    task: str,
+    depth: int,
+    alias: str | None = None,
+    event: dict[str, Any] | None = None,
+) -> tuple[DelegationRow, bool]:
+    """Record a delegation once (``(row, created)``) and its ``delegation_start`` event."""
+    row = session.get(DelegationRow, delegation_id)
+    if row is not None:
+        return row, False
+    row = DelegationRow(
+        id=delegation_id,
+        root_session_id=root_session_id,
+        parent_session_id=parent_session_id,
+        child_session_id=child_session_id,
+        kind=kind,
+        caller_agent_slug=caller,
+        target_agent_slug=target,
+        alias=alias,
+        task=task,
+        depth=depth,
+    )
+    session.add(row)
+    sessions.append_event(
+        session,
+        session_id=root_session_id,
+        type="delegation_start",
+        data={
+            "delegation_id": delegation_id,
+            "target_agent_id": target,
+            "task": sessions.summarise(task, PREVIEW_CHARS),
+            "depth": depth,
+            "kind": kind,
+            "caller_agent_id": caller,
+            "session_id": child_session_id,
+            **(event or {}),
+        },
+    )
+    session.flush()
+    return row, True
+
+
+def finish(
+    session: Session, *, delegation_id: str, status: str, result: str = "", error: str | None = None
+) -> None:
+    """Mark a delegation completed/failed once and emit ``delegation_complete``."""
+    row = session.get(DelegationRow, delegation_id)
+    if row is None or row.finished_at is not None:
+        return
+    row.status = status
+    row.error = error
+    row.result_preview = sessions.summarise(result, PREVIEW_CHARS)
+    row.finished_at = utcnow()
+    session.add(row)
+    sessions.append_event(
+        session,
+        session_id=row.root_session_id,
+        type="delegation_complete",
+        data={
+            "delegation_id": row.id,
+            "target_agent_id": row.target_agent_slug,
+            "status": status,
+            "error": error,
+            "result_preview": row.result_preview,
+            "session_id": row.child_session_id,
+        },
+    )
+    session.flush()
+
+
+def context(session: Session, session_id: str) -> tuple[str, str, str] | None:
+    """``(root session, delegation id, agent)`` when ``session_id`` runs a delegation."""
+    if session_id in _CONTEXT:
+        return _CONTEXT[session_id]
+    row = session.exec(
+        select(DelegationRow).where(DelegationRow.child_session_id == session_id)
+    ).first()
+    found = (row.root_session_id, row.id, row.target_agent_slug) if row else None
+    if len(_CONTEXT) >= CONTEXT_CACHE:
+        _CONTEXT.pop(next(iter(_CONTEXT)))
+    _CONTEXT[session_id] = found
+    return found
+
+
+def forward(session: Session, session_id: str, kind: str, data: dict[str, Any]) -> None:
+    """Mirror a delegated session's event to its run's root as ``delegation_<kind>``."""
+    ctx = context(session, session_id)
+    if ctx is None:
+        return
+    root, delegation_id, agent = ctx
+    sessions.append_event(
+        session,
+        session_id=root,
+        type=f"delegation_{kind}",
+        data={"delegation_id": delegation_id, "target_agent_id": agent, **data},
+    )
+
+
+def run_sessions(session: Session, *, root_session_id: str) -> list[str]:
+    """Every session of the run under ``root_session_id`` (the root included)."""
+    children = session.exec(
+        select(DelegationRow.child_session_id).where(
+            DelegationRow.root_session_id == root_session_id,
+            col(DelegationRow.child_session_id).is_not(None),
+        )
+    ).all()
+    return [root_session_id, *(c for c in children if c)]
+
+
+def run_tokens(session: Session, *, root_session_id: str) -> int:
+    """Tokens (in + out) used so far by every session of the run."""
+    ids = run_sessions(session, root_session_id=root_session_id)
+    total = session.exec(
+        select(
+            func.coalesce(func.sum(SessionRow.input_tokens + SessionRow.output_tokens), 0)
+        ).where(col(SessionRow.id).in_(ids))
+    ).one()
+    return int(total)
+
+
+def run_spawns(session: Session, *, root_session_id: str) -> int:
+    """Sessions started under the run (delegations that created a session)."""
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(DelegationRow)
+            .where(DelegationRow.root_session_id == root_session_id)
+        ).one()
+    )
+
+
+def descendants(session: Session, *, session_id: str) -> list[str]:
+    """Every session delegated (transitively) from ``session_id``, breadth first."""
+    out: list[str] = []
+    frontier = [session_id]
+    while frontier:
+        rows = session.exec(
+            select(DelegationRow.child_session_id).where(
+                col(DelegationRow.parent_session_id).in_(frontier),
+                col(DelegationRow.child_session_id).is_not(None),
+            )
+        ).all()
+        frontier = [r for r in rows if r and r not in out and r != session_id]
+        out.extend(frontier)
+    return out
+
+
+class StepUsage(BaseModel):
+    """Usage of one session (its own model calls) or of a whole subtree."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    wall_ms: int = 0
+
+
+class TraceNode(BaseModel):
+    """One session in the trace, with the delegations it made."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "session_id": "session-6f1c…",
+                    "agent": "lead",
+                    "version": 1,
+                    "status": "idle",
+                    "delegation": None,
+                    "usage": {"requests": 2, "input_tokens": 120, "output_tokens": 40},
+                    "subtree_usage": {"requests": 4, "input_tokens": 300, "output_tokens": 90},
+                    "children": [],
+                }
+            ]
+        }
+    )
+
+    session_id: str
+    agent: str
+    version: int
+    status: str
+    delegation: dict[str, Any] | None = Field(
+        default=None, description="How this session was started (kind, task, depth, status…)."
+    )
+    usage: StepUsage
+    subtree_usage: StepUsage
+    children: list[TraceNode] = Field(default_factory=list)
+
+
+def _usage(session: Session, session_id: str) -> StepUsage:
+    out = StepUsage()
+    rows = session.exec(
+        select(MessageRow.usage).where(
+            MessageRow.session_id == session_id, col(MessageRow.usage).is_not(None)
+        )
+    ).all()
+    for u in rows:
+        if not u:
+            continue
+        out.requests += int(u.get("requests", 0))
+        out.input_tokens += int(u.get("input_tokens", 0))
+        out.output_tokens += int(u.get("output_tokens", 0))
+        out.wall_ms += int(u.get("wall_ms", 0))
+        if u.get("cost_usd") is not None:
+            out.cost_usd = (out.cost_usd or 0.0) + float(u["cost_usd"])
+    return out
+
+
+def _add(a: StepUsage, b: StepUsage) -> StepUsage:
+    cost = (
+        None if a.cost_usd is None and b.cost_usd is None else (a.cost_usd or 0) + (b.cost_usd or 0)
+    )
+    return StepUsage(
+        requests=a.requests + b.requests,
+        input_tokens=a.input_tokens + b.input_tokens,
+        output_tokens=a.output_tokens + b.output_tokens,
+        cost_usd=cost,
+        wall_ms=a.wall_ms + b.wall_ms,
+    )
+
+
+def _wall(start: datetime, end: datetime | None) -> int | None:
+    return int((end - start).total_seconds() * 1000) if end else None
+
+
+def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -> TraceNode:
+    """The delegation tree under ``session_id`` with usage per step and per subtree.
+
+    Raises SessionNotFound.
+    """
+    seen = _seen if _seen is not None else set()
+    seen.add(session_id)
+    row = sessions.get_session(session, session_id=session_id)
+    own = _usage(session, session_id)
+    node = TraceNode(
+        session_id=row.id,
+        agent=row.agent_slug,
+        version=row.agent_version,
+        status=row.status,
+        usage=own,
+        subtree_usage=own,
+    )
+    edges = session.exec(
+        select(DelegationRow)
+        .where(DelegationRow.parent_session_id == session_id)
+        .order_by(col(DelegationRow.started_at), col(DelegationRow.id))
+    ).all()
+    for edge in edges:
+        info = {
+            "delegation_id": edge.id,
+            "kind": edge.kind,
+            "caller": edge.caller_agent_slug,
+            "target": edge.target_agent_slug,
+            "alias": edge.alias,
+            "task": sessions.summarise(edge.task, PREVIEW_CHARS),
+            "depth": edge.depth,
+            "status": edge.status,
+            "error": edge.error,
+            "result_preview": edge.result_preview,
+            "started_at": edge.started_at.isoformat(),
+            "wall_ms": _wall(edge.started_at, edge.finished_at),
+        }
+        if edge.child_session_id is None or edge.child_session_id in seen:
+            continue
+        child = trace(session, session_id=edge.child_session_id, _seen=seen)
+        child.delegation = info
+        node.children.append(child)
+        node.subtree_usage = _add(node.subtree_usage, child.subtree_usage)
+    return node

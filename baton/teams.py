@@ -1,0 +1,309 @@
+"""Teams: a lead (supervisor) with specialist members and a shared memory channel
+(seed 002, 'Data Model'; DESIGN §7).
+
+Validation on create/update: kebab-case id, exactly one supervisor, every member
+an existing agent (by slug, so a renamed agent never breaks a team), routes that
+name a specialist with a bounded regular expression. ``shared_channel`` defaults
+to ``_team_<id>``. Routes are *executed* (the reference only stores them): see
+:func:`match_route`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from baton.contracts import TeamMemberSnapshot, TeamSnapshot
+from baton.db import Agent, ChannelMemory, TeamRow, utcnow
+from baton.errors import AgentNotFound, BatonError, Conflict, NotFound
+from baton.spec import SLUG_PATTERN, SafeText, compile_pattern, pattern_matches
+
+TEAM_ID = r"^[a-z0-9][a-z0-9-]{0,62}$"
+MAX_MEMBERS = 32
+MAX_ROUTES = 32
+#: How many shared-channel memories a member receives with its task.
+MEMORY_LIMIT = 5
+MEMORY_CHARS = 1_000
+
+
+class TeamNotFound(NotFound):
+    """No team with this id."""
+
+    code = "team_not_found"
+
+
+class TeamExists(Conflict):
+    """A team with this id already exists."""
+
+    code = "team_exists"
+
+
+class InvalidTeam(BatonError):
+    """A team breaks a validation rule (seed 002, 'Validation')."""
+
+    code = "invalid_team"
+    status = 422
+    title = "Invalid team"
+
+
+class TeamMember(BaseModel):
+    """A member: agent slug, role, and the hint shown in ``delegate_to``'s description."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent_id: Annotated[str, Field(pattern=SLUG_PATTERN)]
+    role: Literal["supervisor", "specialist"] = "specialist"
+    delegation_hint: SafeText | None = Field(default=None, max_length=500)
+
+
+class TeamRoute(BaseModel):
+    """``{when: <regex on the user message>, to: <specialist>}`` (executed, see README)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    when: str = Field(min_length=1, max_length=500)
+    to: Annotated[str, Field(pattern=SLUG_PATTERN)]
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        compile_pattern(value)  # raises ValueError for a bad or unbounded pattern
+        return value
+
+
+class TeamIn(BaseModel):
+    """``POST /v1/teams`` / ``PUT /v1/teams/{id}`` body (and a ``teams:`` entry in apply)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "research-desk",
+                    "name": "Research desk",
+                    "description": "A lead with a checker and a writer.",
+                    "supervisor_agent_id": "lead",
+                    "members": [
+                        {"agent_id": "lead", "role": "supervisor"},
+                        {
+                            "agent_id": "fact-checker",
+                            "role": "specialist",
+                            "delegation_hint": "verifies claims",
+                        },
+                    ],
+                    "routes": [{"when": "^check:", "to": "fact-checker"}],
+                }
+            ]
+        },
+    )
+
+    id: Annotated[str, Field(pattern=TEAM_ID)]
+    name: SafeText = Field(min_length=1, max_length=200)
+    description: SafeText = Field(default="", max_length=2000)
+    supervisor_agent_id: Annotated[str, Field(pattern=SLUG_PATTERN)]
+    members: list[TeamMember] = Field(min_length=1, max_length=MAX_MEMBERS)
+    routes: list[TeamRoute] = Field(default_factory=list, max_length=MAX_ROUTES)
+    shared_channel: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,79}$",
+        description="Default _team_<id>.",
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> TeamIn:
+        supervisors = [m for m in self.members if m.role == "supervisor"]
+        if len(supervisors) != 1:
+            raise ValueError(f"a team needs exactly one supervisor, not {len(supervisors)}")
+        if supervisors[0].agent_id != self.supervisor_agent_id:
+            raise ValueError("supervisor_agent_id must be the member with role supervisor")
+        slugs = [m.agent_id for m in self.members]
+        if len(set(slugs)) != len(slugs):
+            raise ValueError("each agent may be a member once")
+        specialists = {m.agent_id for m in self.members if m.role == "specialist"}
+        for i, route in enumerate(self.routes):
+            if route.to not in specialists:
+                raise ValueError(f"routes[{i}].to '{route.to}' is not a specialist of this team")
+        return self
+
+
+class TeamPublic(TeamIn):
+    """A stored team."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"id": "research-desk", "shared_channel": "_team_research-desk"}]
+        }
+    )
+
+    shared_channel: str
+    created_at: datetime
+    updated_at: datetime
+
+
+def _public(row: TeamRow) -> TeamPublic:
+    return TeamPublic(
+        id=row.id,
+        name=row.name,
+        description=row.description,
+        supervisor_agent_id=row.supervisor_agent_id,
+        members=[TeamMember.model_validate(m) for m in row.members],
+        routes=[TeamRoute.model_validate(r) for r in row.routes],
+        shared_channel=row.shared_channel,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _check_members(session: Session, team: TeamIn) -> None:
+    for i, member in enumerate(team.members):
+        agent = session.exec(select(Agent).where(Agent.slug == member.agent_id)).first()
+        if agent is None:
+            raise AgentNotFound(
+                f"member '{member.agent_id}' is not an agent", path=f"members[{i}].agent_id"
+            )
+
+
+def _fill(row: TeamRow, team: TeamIn) -> None:
+    row.name = team.name
+    row.description = team.description
+    row.supervisor_agent_id = team.supervisor_agent_id
+    row.members = [m.model_dump() for m in team.members]
+    row.routes = [r.model_dump() for r in team.routes]
+    row.shared_channel = team.shared_channel or f"_team_{team.id}"
+    row.updated_at = utcnow()
+
+
+def create_team(session: Session, *, team: TeamIn) -> TeamPublic:
+    """Store a new team. Raises TeamExists, AgentNotFound (a member)."""
+    if session.get(TeamRow, team.id) is not None:
+        raise TeamExists(f"team '{team.id}' already exists")
+    _check_members(session, team)
+    row = TeamRow(id=team.id, name="", supervisor_agent_id="", shared_channel="")
+    _fill(row, team)
+    session.add(row)
+    session.flush()
+    return _public(row)
+
+
+def put_team(session: Session, *, team_id: str, team: TeamIn) -> tuple[TeamPublic, bool]:
+    """Create or replace ``team_id``: ``(team, created)``. Raises InvalidTeam (id mismatch)."""
+    if team.id != team_id:
+        raise InvalidTeam(f"body id '{team.id}' differs from the path '{team_id}'", path="id")
+    row = session.get(TeamRow, team_id)
+    if row is None:
+        return create_team(session, team=team), True
+    _check_members(session, team)
+    _fill(row, team)
+    session.add(row)
+    session.flush()
+    return _public(row), False
+
+
+def get_team(session: Session, *, team_id: str) -> TeamPublic:
+    """The team. Raises TeamNotFound."""
+    row = session.get(TeamRow, team_id)
+    if row is None:
+        raise TeamNotFound(f"no team '{team_id}'")
+    return _public(row)
+
+
+def list_teams(
+    session: Session, *, limit: int = 50, offset: int = 0
+) -> tuple[list[TeamPublic], int]:
+    """Teams by id, and the total."""
+    total = session.exec(select(func.count()).select_from(TeamRow)).one()
+    rows = session.exec(select(TeamRow).order_by(col(TeamRow.id)).offset(offset).limit(limit)).all()
+    return [_public(r) for r in rows], int(total)
+
+
+def delete_team(session: Session, *, team_id: str) -> None:
+    """Delete the team (its channel's memories stay: they belong to past runs)."""
+    row = session.get(TeamRow, team_id)
+    if row is None:
+        raise TeamNotFound(f"no team '{team_id}'")
+    session.delete(row)
+    session.flush()
+
+
+def teams_using(session: Session, *, slug: str) -> list[str]:
+    """Ids of teams that name ``slug`` as a member."""
+    rows = session.exec(select(TeamRow)).all()
+    return [r.id for r in rows if any(m.get("agent_id") == slug for m in r.members)]
+
+
+def snapshot(session: Session, *, team_id: str) -> TeamSnapshot:
+    """The team as a run sees it, members pinned to their live revisions at launch.
+
+    Raises TeamNotFound, and the registry's errors when a member cannot run.
+    """
+    from baton import registry
+
+    team = get_team(session, team_id=team_id)
+    members = []
+    for m in team.members:
+        agent, rev = registry.resolve_ref(session, ref=m.agent_id)
+        members.append(
+            TeamMemberSnapshot(
+                agent_id=m.agent_id,
+                pin=f"{agent.slug}@{rev.version}",
+                role=m.role,
+                hint=m.delegation_hint or agent.description,
+            )
+        )
+    return TeamSnapshot(
+        id=team.id,
+        supervisor=team.supervisor_agent_id,
+        members=members,
+        routes=[(r.when, r.to) for r in team.routes],
+        shared_channel=team.shared_channel,
+    )
+
+
+def match_route(routes: list[tuple[str, str]], text: str) -> str | None:
+    """The member the first matching route sends ``text`` to, or None (bounded matching)."""
+    for when, to in routes:
+        if pattern_matches(when, text):
+            return to
+    return None
+
+
+_WORD = re.compile(r"[a-z0-9]{3,}")
+
+
+def remember(session: Session, *, channel: str, agent: str, text: str, delegation_id: str) -> None:
+    """Write a delegated result to the shared channel (once per delegation)."""
+    exists = session.exec(
+        select(ChannelMemory.id).where(
+            ChannelMemory.channel == channel, ChannelMemory.delegation_id == delegation_id
+        )
+    ).first()
+    if exists is None and text.strip():
+        session.add(
+            ChannelMemory(
+                channel=channel, agent_slug=agent, delegation_id=delegation_id, text=text[:4000]
+            )
+        )
+        session.flush()
+
+
+def relevant_memories(session: Session, *, channel: str, task: str) -> list[ChannelMemory]:
+    """The channel's memories most relevant to ``task``: word overlap, newest first on ties.
+
+    Deliberately simple and deterministic (no embeddings): members get at most
+    :data:`MEMORY_LIMIT` memories that share words with the task.
+    """
+    words = set(_WORD.findall(task.lower()))
+    rows = session.exec(
+        select(ChannelMemory)
+        .where(ChannelMemory.channel == channel)
+        .order_by(col(ChannelMemory.id).desc())
+        .limit(200)
+    ).all()
+    scored = [(len(words & set(_WORD.findall(r.text.lower()))), r) for r in rows]
+    best = [r for score, r in sorted(scored, key=lambda x: -x[0]) if score > 0]
+    return best[:MEMORY_LIMIT]
