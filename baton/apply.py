@@ -7,6 +7,8 @@ File shape::
         name: Researcher
         description: Finds and cites sources.
         spec: {system_prompt: ..., extends: base-assistant, ...}
+    teams:                      # optional, applied after the agents
+      - {id: research-desk, name: ..., supervisor_agent_id: lead, members: [...]}
 
 Each agent is created if missing, its name/description and draft updated, then
 published; agents are published in dependency order (a base before the agents
@@ -23,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session
 
-from baton import registry
+from baton import registry, teams
 from baton.errors import (
     AgentNotFound,
     BatonError,
@@ -33,6 +35,7 @@ from baton.errors import (
 )
 from baton.schemas import AgentCreate
 from baton.spec import parse_ref
+from baton.teams import TeamIn
 
 
 class ApplyFile(BaseModel):
@@ -41,6 +44,7 @@ class ApplyFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     agents: list[AgentCreate] = Field(default_factory=list)
+    teams: list[TeamIn] = Field(default_factory=list)
 
 
 Change = Literal["created", "published", "updated", "unchanged"]
@@ -173,7 +177,26 @@ def apply_agents(session: Session, *, doc: ApplyFile) -> list[ApplyResult]:
         if published and change != "created":
             change = "published"
         results.append(ApplyResult(slug=item.slug, version=rev.version, change=change))
+    for i, team in enumerate(doc.teams):
+        try:
+            before = _existing_team(session, team.id)
+            stored, created = teams.put_team(session, team_id=team.id, team=team)
+        except BatonError as exc:
+            exc.path = f"teams[{i}].{exc.path}" if exc.path else f"teams[{i}]"
+            raise
+        same = before is not None and before.model_dump(exclude={"created_at", "updated_at"}) == (
+            stored.model_dump(exclude={"created_at", "updated_at"})
+        )
+        team_change: Change = "created" if created else "unchanged" if same else "updated"
+        results.append(ApplyResult(slug=f"team:{team.id}", version=0, change=team_change))
     return results
+
+
+def _existing_team(session: Session, team_id: str) -> teams.TeamPublic | None:
+    try:
+        return teams.get_team(session, team_id=team_id)
+    except teams.TeamNotFound:
+        return None
 
 
 def _upsert(session: Session, item: AgentCreate) -> Change:

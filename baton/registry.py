@@ -436,6 +436,12 @@ def dependents(session: Session, *, slug: str, live_only: bool = True) -> list[s
 
 
 def _refuse_if_used(session: Session, slug: str, action: str, *, live_only: bool) -> None:
+    from baton.teams import teams_using  # teams import the registry
+
+    in_teams = teams_using(session, slug=slug)
+    if in_teams:
+        msg = f"cannot {action} '{slug}': teams name it as a member: {', '.join(in_teams)}"
+        raise AgentInUse(msg, dependents=[f"team:{t}" for t in in_teams])
     users = dependents(session, slug=slug, live_only=live_only)
     if users:
         which = "live revisions" if live_only else "revisions"

@@ -62,6 +62,19 @@ class Settings(BaseSettings):
     auth: Literal["off", "on"] = Field(
         default="off", description="'on' requires bearer API tokens and applies agent ACLs."
     )
+    allow_adhoc_delegation: bool = Field(
+        default=True,
+        description="Offer delegate_to and the roster to ordinary sessions (seed 002); the "
+        "roster itself is opt-in per agent.",
+    )
+    delegation_timeout: float = Field(
+        default=900.0, gt=0, description="Seconds one delegation may take before it fails."
+    )
+    default_agent: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$",
+        description="Agent a session gets when the request names none (routing default).",
+    )
     api_url: str = Field(
         default="http://127.0.0.1:8000",
         description="Where CLI commands that talk to the API (`baton reviews`) find it.",
@@ -92,6 +105,9 @@ class Settings(BaseSettings):
             review_timeout_s=self.review_timeout,
             max_delegation_depth=self.max_delegation_depth,
             auth=self.auth == "on",
+            allow_adhoc_delegation=self.allow_adhoc_delegation,
+            delegation_timeout_s=self.delegation_timeout,
+            runtime_depth_ceiling=self.runtime_depth_ceiling,
         )
 
     def workflow_url(self, workflow_id: str) -> str:

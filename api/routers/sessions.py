@@ -14,10 +14,11 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
-from baton import launch, sessions
+from baton import delegations, launch, sessions, teams
 from baton.auth import Role
-from baton.contracts import MAX_MESSAGE_CHARS, Provenance
+from baton.contracts import MAX_MESSAGE_CHARS, Provenance, TeamSnapshot
 from baton.db import session_scope
+from baton.errors import BatonError
 from baton.schemas import MAX_OFFSET, Page
 from baton.spec import REF_PATTERN, SafeText, parse_ref
 
@@ -38,6 +39,14 @@ def _require(engine: Engine, caller: Caller, role: Role, *, session_id: str) -> 
         caller.require(s, row.agent_slug, role)
 
 
+class NoAgent(BatonError):
+    """A session request that names no agent, team or target and has no default."""
+
+    code = "no_agent"
+    status = 422
+    title = "No agent"
+
+
 def _prompt(value: str) -> str:
     if not value.strip():
         raise ValueError("prompt must not be blank")
@@ -54,10 +63,23 @@ class SessionCreate(BaseModel):
         },
     )
 
-    agent: str = Field(pattern=REF_PATTERN, description="`slug` (live) or `slug@version`.")
+    agent: str | None = Field(
+        default=None, pattern=REF_PATTERN, description="`slug` (live) or `slug@version`."
+    )
     prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     sync: bool = Field(default=False, description="Wait for the final reply.")
     name: SafeText | None = Field(default=None, max_length=200)
+    team: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+        description="A team run: the team's supervisor becomes the session's agent.",
+    )
+    target_agent: str | None = Field(
+        default=None, pattern=REF_PATTERN, description="Explicit routing: wins over `agent`."
+    )
+    disable_delegation: bool = Field(
+        default=False, description="Solo: no ad-hoc delegation (ignored for team runs)."
+    )
 
     _not_blank = field_validator("prompt")(_prompt)
 
@@ -137,23 +159,39 @@ async def create_session(
 
     In auth mode the user needs the ``user`` role on the agent (403 ``forbidden``).
     """
-    if caller.auth:
 
-        def check() -> None:
-            with session_scope(engine) as s:
-                caller.require(s, parse_ref(body.agent)[0], "user")
+    def route() -> tuple[str, TeamSnapshot | None]:
+        # Seed 002, explicit routing: team > target agent > agent > default.
+        with session_scope(engine) as s:
+            team = teams.snapshot(s, team_id=body.team) if body.team else None
+            if team is not None:
+                ref = next(m.pin for m in team.members if m.role == "supervisor")
+            else:
+                ref = body.target_agent or body.agent or settings.default_agent or ""
+                if not ref:
+                    raise NoAgent(
+                        "name an agent, a target_agent or a team (no BATON_DEFAULT_AGENT is set)",
+                        path="agent",
+                    )
+            caller.require(s, parse_ref(ref)[0], "user")
+            return ref, team
 
-        await asyncio.to_thread(check)
+    ref, team = await asyncio.to_thread(route)
     launched = await launch.launch_session(
         client,
         engine,
         task_queue=settings.task_queue,
         config=settings.session_config(),
-        ref=body.agent,
+        ref=ref,
         prompt=body.prompt,
-        provenance=Provenance(created_by_user=caller.user),
+        provenance=Provenance(
+            created_by_user=caller.user,
+            team=team.id if team else None,
+            disable_delegation=body.disable_delegation,
+        ),
         sync=body.sync,
         name=body.name,
+        team=team,
     )
     return SessionAccepted(
         session_id=launched.session_id,
@@ -236,6 +274,19 @@ def get_transcript(
         session, sessions.get_session(session, session_id=session_id).agent_slug, "viewer"
     )
     return sessions.transcript(session, session_id=session_id)
+
+
+@router.get(
+    "/{session_id}/trace", responses=problem_responses(403, 404, 422), summary="Delegation trace"
+)
+def get_trace(
+    session_id: SessionIdPath, session: SessionDep, caller: CallerDep
+) -> delegations.TraceNode:
+    """The delegation tree under the session: each step's agent, status, tokens, cost and
+    wall-clock, and subtree totals (seed 002, 'Team Run Trace')."""
+    row = sessions.get_session(session, session_id=session_id)
+    caller.require(session, row.agent_slug, "viewer")
+    return delegations.trace(session, session_id=session_id)
 
 
 @router.get(

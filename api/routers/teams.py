@@ -1,0 +1,80 @@
+"""``/v1/teams``: teams of a lead and its members (seed 002, 'Storage & API'; DESIGN §7)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import CallerDep, SessionDep
+from api.problems import problem_responses
+from baton import teams
+from baton.schemas import MAX_OFFSET, Page
+
+router = APIRouter(prefix="/v1/teams", tags=["teams"], dependencies=[])
+
+TeamIdPath = Annotated[str, Path(pattern=teams.TEAM_ID, examples=["research-desk"])]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses=problem_responses(404, 409, 422),
+    summary="Create a team",
+)
+def create_team(body: teams.TeamIn, session: SessionDep, _caller: CallerDep) -> teams.TeamPublic:
+    """Validate and store a team. 409 ``team_exists``; 404 when a member is not an agent."""
+    team = teams.create_team(session, team=body)
+    session.commit()
+    return team
+
+
+@router.get("", responses=problem_responses(422), summary="List teams")
+def list_teams(
+    session: SessionDep,
+    _caller: CallerDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> Page[teams.TeamPublic]:
+    """Teams by id."""
+    rows, total = teams.list_teams(session, limit=limit, offset=offset)
+    return Page(data=rows, count=total)
+
+
+@router.get("/{team_id}", responses=problem_responses(404, 422), summary="Get a team")
+def get_team(team_id: TeamIdPath, session: SessionDep, _caller: CallerDep) -> teams.TeamPublic:
+    """One team; 404 ``team_not_found``."""
+    return teams.get_team(session, team_id=team_id)
+
+
+@router.put(
+    "/{team_id}",
+    responses={201: {"model": teams.TeamPublic}, **problem_responses(404, 422)},
+    summary="Create or replace a team",
+)
+def put_team(
+    team_id: TeamIdPath,
+    body: teams.TeamIn,
+    session: SessionDep,
+    response: Response,
+    _caller: CallerDep,
+) -> teams.TeamPublic:
+    """Replace the team (201 when it did not exist). The body's id must match the path."""
+    team, created = teams.put_team(session, team_id=team_id, team=body)
+    session.commit()
+    if created:
+        response.status_code = status.HTTP_201_CREATED
+    return team
+
+
+@router.delete(
+    "/{team_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=problem_responses(404, 422),
+    summary="Delete a team",
+)
+def delete_team(team_id: TeamIdPath, session: SessionDep, _caller: CallerDep) -> Response:
+    """Delete the team; runs already started keep their snapshot."""
+    teams.delete_team(session, team_id=team_id)
+    session.commit()
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

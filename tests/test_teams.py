@@ -1,0 +1,137 @@
+"""Teams and delegation on a real dev server (seed 002; seed 004 subagents; DESIGN §7)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from baton import delegations, teams
+from baton.contracts import Provenance, SessionConfig
+from baton.db import ChannelMemory, EventRow, session_scope
+from baton.launch import Launched, launch_session
+from tests.helpers import TEST_CONFIG, publish, transcript
+
+
+def make_team(engine: Engine, routes: list[dict[str, str]] | None = None) -> None:
+    """A lead with two specialists, each answering with a fixed reply."""
+    publish(engine, "checker", playbook=[{"reply": "CHECKED"}])
+    publish(engine, "writer", playbook=[{"reply": "WRITTEN"}])
+    publish(
+        engine,
+        "lead",
+        playbook=[
+            {"when": "^delegate_to: ", "reply": "SYNTH {last_message}"},
+            {
+                "when": "go",
+                "reply": "Fanning out.",
+                "tool_calls": [
+                    {"tool": "delegate_to", "args": {"agent_id": "checker", "task": "check it"}},
+                    {"tool": "delegate_to", "args": {"agent_id": "writer", "task": "write it"}},
+                ],
+            },
+        ],
+    )
+    with session_scope(engine) as s:
+        teams.create_team(
+            s,
+            team=teams.TeamIn.model_validate(
+                {
+                    "id": "desk",
+                    "name": "Desk",
+                    "supervisor_agent_id": "lead",
+                    "members": [
+                        {"agent_id": "lead", "role": "supervisor"},
+                        {"agent_id": "checker", "delegation_hint": "checks"},
+                        {"agent_id": "writer", "delegation_hint": "writes"},
+                    ],
+                    "routes": routes or [],
+                }
+            ),
+        )
+
+
+async def team_run(
+    env: WorkflowEnvironment,
+    engine: Engine,
+    worker: Worker,
+    prompt: str,
+    *,
+    sync: bool = True,
+    config: SessionConfig = TEST_CONFIG,
+) -> Launched:
+    """Launch a team run of team ``desk`` as the API does."""
+    with session_scope(engine) as s:
+        snap = teams.snapshot(s, team_id="desk")
+    return await launch_session(
+        env.client,
+        engine,
+        task_queue=worker.task_queue,
+        config=config,
+        ref=next(m.pin for m in snap.members if m.role == "supervisor"),
+        prompt=prompt,
+        provenance=Provenance(team=snap.id),
+        sync=sync,
+        team=snap,
+    )
+
+
+def events(engine: Engine, session_id: str) -> list[tuple[str, dict[str, Any]]]:
+    with session_scope(engine) as s:
+        rows = s.exec(
+            select(EventRow).where(EventRow.session_id == session_id).order_by(EventRow.id)  # type: ignore[arg-type]
+        ).all()
+        return [(r.type, r.data) for r in rows]
+
+
+async def test_team_run_fans_out_to_members_and_synthesises(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """The lead's two delegate_to calls run, both results come back, results land on the channel."""
+    make_team(db_engine)
+    run = await team_run(temporal_env, db_engine, worker, "go")
+    assert run.response is not None and "CHECKED" in run.response and "WRITTEN" in run.response
+    kinds = [k for k, _ in events(db_engine, run.session_id)]
+    assert kinds.count("delegation_start") == 2 and kinds.count("delegation_complete") == 2
+    assert "delegation_chunk" in kinds
+    with session_scope(db_engine) as s:
+        memories = s.exec(select(ChannelMemory).where(ChannelMemory.channel == "_team_desk")).all()
+        tree = delegations.trace(s, session_id=run.session_id)
+    assert sorted(m.text for m in memories) == ["CHECKED", "WRITTEN"]
+    assert sorted(c.agent for c in tree.children) == ["checker", "writer"]
+    assert all(c.delegation and c.delegation["kind"] == "delegate_to" for c in tree.children)
+    assert tree.subtree_usage.requests == tree.usage.requests + 2
+    # Members are isolated: their transcript is only the task.
+    child = tree.children[0].session_id
+    assert transcript(db_engine, child)[0][0] == "user"
+    assert "go" not in transcript(db_engine, child)[0][1].split()
+
+
+async def test_parallel_delegations_overlap(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """Three delegate_to calls of ~1 s each in one turn finish in well under 3 s."""
+    slow = [{"reply": "w " * 10, "chunk_delay_ms": 100}]
+    for slug in ("a1", "a2", "a3"):
+        publish(db_engine, slug, playbook=slow, delegation={"available_for_delegation": True})
+    calls = [
+        {"tool": "delegate_to", "args": {"agent_id": s, "task": "t"}} for s in ("a1", "a2", "a3")
+    ]
+    publish(
+        db_engine,
+        "boss",
+        playbook=[{"when": "^delegate_to: ", "reply": "done"}, {"when": "go", "tool_calls": calls}],
+    )
+    from baton import roster
+    from tests.helpers import launch
+
+    roster.clear_cache()
+    started = time.monotonic()
+    run = await launch(temporal_env.client, db_engine, worker, "boss", "go")
+    elapsed = time.monotonic() - started
+    assert run.response == "done"
+    assert elapsed < 2.5, elapsed
