@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,9 @@ from baton.contracts import (
     Provenance,
     ResolvedAgent,
     ResolvedLimits,
+    RouteDecision,
+    RouteInput,
+    ToolCall,
     ToolMessage,
     ToolOutcome,
 )
@@ -345,6 +349,48 @@ class DelegationActivities:
                     )
             return store_result(s, tool, text, ok=ok)
 
+    @activity.defn(name="route_turn")
+    def route_turn(self, inp: RouteInput) -> RouteDecision:
+        """Decide whether a message is routed; if so store it and the routed call.
+
+        The user message and an assistant message carrying the routed
+        ``delegate_to`` call are written once (ids from the workflow), so the
+        session's model later sees the call and its result and synthesises.
+        """
+        with session_scope(self._engine) as s:
+            stored = sessions.get_message(s, message_id=inp.route_message_id)
+            if stored is not None:  # a retry after the write
+                call = ToolCall.model_validate((stored.tool_calls or [])[0])
+                kind = "route" if ROUTED_BY_TEAM in stored.text else "mention"
+                return RouteDecision(kind=kind, target=str(call.args["agent_id"]), call=call)
+            found = route_for(s, inp)
+            if found is None:
+                return RouteDecision()
+            kind, target = found
+            call = ToolCall(
+                id=inp.call_id, name="delegate_to", args={"agent_id": target, "task": inp.prompt}
+            )
+            sessions.add_message(
+                s,
+                message_id=inp.user_message_id,
+                session_id=inp.session_id,
+                position=inp.user_position,
+                role="user",
+                agent_slug=inp.agent_slug,
+                text=inp.prompt,
+            )
+            sessions.add_message(
+                s,
+                message_id=inp.route_message_id,
+                session_id=inp.session_id,
+                position=inp.route_position,
+                role="assistant",
+                agent_slug=inp.agent_slug,
+                text=f"(routed to {target} by {ROUTED_BY_TEAM if kind == 'route' else '@mention'})",
+                tool_calls=[call.model_dump()],
+            )
+            return RouteDecision(kind=kind, target=target, call=call)
+
     @activity.defn(name="cancel_delegations")
     async def cancel_delegations(self, session_id: str) -> list[str]:
         """Cancel every open session delegated (transitively) from ``session_id``.
@@ -375,3 +421,25 @@ def _cut(reply: str) -> str:
     if len(reply) <= MAX_INLINE_REPLY:
         return reply
     return reply[:MAX_INLINE_REPLY] + " … (cut; read the rest with get_agent_session_transcript)"
+
+
+ROUTED_BY_TEAM = "a team route"
+MENTION = re.compile(r"(?<![\w@])@([a-z0-9][a-z0-9-]{0,62})\b")
+
+
+def route_for(session: Session, inp: RouteInput) -> tuple[str, str] | None:
+    """``(kind, target)`` for a message: a matching team route first, else the first
+    @mention of another live agent (seed 002, '@-mention routing'); else None."""
+    if inp.team is not None:
+        to = teams.match_route(inp.team.routes, inp.prompt)
+        if to is not None:
+            return "route", to
+    for slug in MENTION.findall(inp.prompt):
+        if slug == inp.agent_slug:
+            continue
+        try:
+            registry.resolve_ref(session, ref=slug)
+        except BatonError:
+            continue  # not an agent that can run: plain text
+        return "mention", slug
+    return None

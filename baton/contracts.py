@@ -606,3 +606,26 @@ class TaskArgs(_Args):
 
     alias: str = Field(pattern=SLUG_PATTERN, description="The subagent's alias.")
     prompt: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class RouteInput(BaseModel):
+    """``route_turn`` activity input: does this message go straight to another agent?"""
+
+    session_id: str
+    agent_slug: str
+    prompt: str
+    team: TeamSnapshot | None = None
+    user_message_id: str
+    user_position: str
+    route_message_id: str
+    route_position: str
+    call_id: str
+
+
+class RouteDecision(BaseModel):
+    """``kind`` route (a team route) or mention (an @agent); ``call`` is the routed
+    ``delegate_to`` call stored in the transcript (None: not routed)."""
+
+    kind: str = "route"
+    target: str = ""
+    call: ToolCall | None = None

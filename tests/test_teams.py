@@ -10,11 +10,11 @@ from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import delegations, teams
+from baton import delegations, roster, teams
 from baton.contracts import Provenance, SessionConfig
 from baton.db import ChannelMemory, EventRow, session_scope
 from baton.launch import Launched, launch_session
-from tests.helpers import TEST_CONFIG, publish, transcript
+from tests.helpers import TEST_CONFIG, launch, publish, transcript
 
 
 def make_team(engine: Engine, routes: list[dict[str, str]] | None = None) -> None:
@@ -126,12 +126,51 @@ async def test_parallel_delegations_overlap(
         "boss",
         playbook=[{"when": "^delegate_to: ", "reply": "done"}, {"when": "go", "tool_calls": calls}],
     )
-    from baton import roster
-    from tests.helpers import launch
-
     roster.clear_cache()
     started = time.monotonic()
     run = await launch(temporal_env.client, db_engine, worker, "boss", "go")
     elapsed = time.monotonic() - started
     assert run.response == "done"
     assert elapsed < 2.5, elapsed
+
+
+async def test_team_route_sends_the_message_straight_to_the_member(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A matching team route delegates the message to that member; the lead synthesises."""
+    make_team(db_engine, routes=[{"when": "^fact-check:", "to": "checker"}])
+    run = await team_run(temporal_env, db_engine, worker, "fact-check: the sky is blue")
+    assert run.response == "SYNTH CHECKED"
+    roles = transcript(db_engine, run.session_id)
+    assert [r for r, _ in roles] == ["user", "assistant", "tool", "assistant"]
+    assert roles[1][1] == "(routed to checker by a team route)"
+    with session_scope(db_engine) as s:
+        tree = delegations.trace(s, session_id=run.session_id)
+    assert [(c.agent, c.delegation and c.delegation["kind"]) for c in tree.children] == [
+        ("checker", "route")
+    ]
+
+
+async def test_unmatched_message_is_not_routed(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A message no route matches reaches the lead as usual."""
+    make_team(db_engine, routes=[{"when": "^fact-check:", "to": "checker"}])
+    run = await team_run(temporal_env, db_engine, worker, "hello there")
+    assert run.response == "[lead] received: hello there"
+
+
+async def test_mention_routes_a_turn_to_the_mentioned_agent(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """An @agent mention in an ordinary session delegates that turn to the mentioned agent."""
+    publish(db_engine, "writer", playbook=[{"reply": "WRITTEN"}])
+    publish(
+        db_engine, "host", playbook=[{"when": "^delegate_to: ", "reply": "HOST {last_message}"}]
+    )
+    from tests.helpers import launch
+
+    run = await launch(temporal_env.client, db_engine, worker, "host", "@writer draft a memo")
+    assert run.response == "HOST WRITTEN"
+    plain = await launch(temporal_env.client, db_engine, worker, "host", "mail me @ noon @nobody")
+    assert plain.response == "[host] received: mail me @ noon @nobody"

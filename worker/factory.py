@@ -57,6 +57,7 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
         xagent.xagent_tool,
         delegation.delegate,
         delegation.cancel_delegations,
+        delegation.route_turn,
     ]
 
 

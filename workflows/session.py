@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         ResolvedLimits,
         ReviewDecision,
         ReviewOutcome,
+        RouteInput,
         SessionInput,
         SessionStatus,
         SettleInput,
@@ -82,6 +83,7 @@ PATCH_LOAD_FAILED = "unloadable-pin-fails-session"
 PATCH_XAGENT = "x-agent-tools"
 PATCH_DELEGATION = "delegation-tools"
 PATCH_CASCADE = "cancel-cascades-to-delegations"
+PATCH_ROUTING = "team-routes-and-mentions"
 #: Decisions kept for reviews that already had their outcome (reported, then dropped).
 MAX_LATE_DECISIONS = 50
 
@@ -279,6 +281,9 @@ class SessionWorkflow:
         prefix = f"{sid}:t{turn}"
         usage = Usage()
         user: tuple[str, str, str] | None = (f"{prefix}:user", msg.prompt, position(turn, 0, 0))
+        routable = self._may_route(agent, msg) and workflow.patched(PATCH_ROUTING)
+        if routable and await self._route(agent, turn, msg):
+            user = None  # stored by the route, with the routed call and its result
         for step in range(1, cfg.max_steps_per_message + 1):
             try:
                 result = await self._model_turn(agent, turn, step, user)
@@ -320,6 +325,62 @@ class SessionWorkflow:
             if call.name in DELEGATION_TOOLS and workflow.patched(PATCH_DELEGATION):
                 return self._delegation(agent, turn, step, index, call)
         return self._tool(agent, turn, step, index, call)
+
+    def _may_route(self, agent: ResolvedAgent, msg: UserMessage) -> bool:
+        """Whether this message could be routed: a lead with team routes, or an @mention.
+
+        Checked in the workflow so that ordinary turns pay no extra activity.
+        """
+        team = self._inp.team
+        routes = (
+            team is not None
+            and bool(team.routes)
+            and not self._inp.provenance.team_member
+            and agent.slug == team.supervisor
+        )
+        return routes or "@" in msg.prompt
+
+    async def _route(self, agent: ResolvedAgent, turn: int, msg: UserMessage) -> bool:
+        """Execute a team route or an @mention: delegate the message straight to that
+        agent, then the session's agent synthesises (DESIGN §7; the reference only
+        stores routes). Returns whether the turn was routed."""
+        sid = self._inp.session_id
+        prefix = f"{sid}:t{turn}"
+        decision = await workflow.execute_activity_method(
+            DelegationActivities.route_turn,
+            RouteInput(
+                session_id=sid,
+                agent_slug=agent.slug,
+                prompt=msg.prompt,
+                team=self._inp.team if not self._inp.provenance.team_member else None,
+                user_message_id=f"{prefix}:user",
+                user_position=position(turn, 0, 0),
+                route_message_id=f"{prefix}:s0:assistant",
+                route_position=position(turn, 0, 1),
+                call_id=f"route_t{turn}",
+            ),
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"route · turn {turn}",
+        )
+        if decision.call is None:
+            return False
+        tool = ToolMessage(
+            session_id=sid,
+            agent_slug=agent.slug,
+            message_id=f"{prefix}:s0:tool0",
+            position=position(turn, 0, 2, 0),
+            call=decision.call,
+        )
+        try:
+            await self._delegate(
+                tool, turn, kind=decision.kind, target=decision.target, prompt=msg.prompt
+            )
+        except ActivityError as err:
+            if self._closed:
+                raise
+            await self._refuse(tool, "delegation_failed", _cause(err), audit=False)
+        return True
 
     def _offer(self, agent: ResolvedAgent) -> DelegationOffer:
         """Which delegation tools this session offers (seed 002; seed 004 subagents).
