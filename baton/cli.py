@@ -333,6 +333,17 @@ def follow(
                 )
                 if on_review is not None:
                     on_review(data)
+            elif kind == "delegation_start":
+                console.print(
+                    f"  [blue]⇢ {data.get('kind', 'delegation')} → {data['target_agent_id']}[/]"
+                    f" (depth {data['depth']}): {escape(str(data['task']))[:100]}"
+                )
+            elif kind == "delegation_complete":
+                outcome = data["status"] + (f": {data['error']}" if data.get("error") else "")
+                console.print(
+                    f"  [blue]⇠ {data['target_agent_id']} {escape(outcome)}[/] "
+                    f"{escape(str(data.get('result_preview') or ''))[:100]}"
+                )
             elif kind == "review_resolved":
                 console.print(
                     f"  [magenta]▶ review {data['status']}[/] by {escape(str(data['decided_by']))}"
@@ -355,29 +366,31 @@ def print_transcript(http: httpx.Client, session_id: str) -> None:
 
 @app.command()
 def run(
-    ref: Annotated[str, typer.Argument(help="AGENT or AGENT@VERSION")],
-    prompt: Annotated[str, typer.Argument(help="The message.")],
-    api_url: Annotated[str, typer.Option("--api", help="Baton API base URL.")] = (
-        "http://127.0.0.1:8000"
-    ),
+    ref: Annotated[
+        str | None, typer.Argument(help="AGENT or AGENT@VERSION (omit with --team)")
+    ] = None,
+    prompt: Annotated[str, typer.Argument(help="The message.")] = "",
+    team: Annotated[str | None, typer.Option(help="Run a team: its lead answers.")] = None,
+    solo: Annotated[bool, typer.Option(help="No ad-hoc delegation in this session.")] = False,
+    api_url: Annotated[
+        str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
+    ] = None,
 ) -> None:
-    """Start a session on a running Baton (``baton dev``) and stream the reply."""
-    with httpx.Client(base_url=api_url, timeout=60) as http:
-        try:
-            resp = http.post("/v1/sessions", json={"agent": ref, "prompt": prompt})
-        except httpx.HTTPError as exc:
-            err_console.print(
-                f"[bold red]error[/] cannot reach {api_url}: {exc} (is `baton dev` up?)"
-            )
-            raise typer.Exit(1) from exc
-        if resp.status_code >= 400:
-            body = resp.json()
-            problem = f"[{body.get('code')}]: {body.get('detail', '')}"
-            err_console.print(f"[bold red]error[/] {escape(problem)}")
-            raise typer.Exit(1)
-        session = resp.json()
+    """Start a session on a running Baton (``baton dev``) and stream the reply.
+
+    Sends BATON_TOKEN as the bearer token when set (auth mode).
+    """
+    if team and ref and not prompt:  # `baton run --team desk "prompt"`
+        prompt, ref = ref, None
+    body: dict[str, object] = {"prompt": prompt, "disable_delegation": solo}
+    if team:
+        body["team"] = team
+    if ref:
+        body["agent"] = ref
+    with _api_client(api_url) as http:
+        session = _checked(http.post("/v1/sessions", json=body))
         console.print(f"[dim]{session['session_id']} · {session['agent']}@{session['version']}[/]")
-        _, failed = follow(http, session["session_id"])
+        _, failed = follow(http, str(session["session_id"]))
         console.print(f"[dim]{session['workflow_url']}[/]", soft_wrap=True)
         if failed:
             raise typer.Exit(1)
@@ -386,15 +399,16 @@ def run(
 DEMO_PROMPT = "Research question: what is 17 * 23, and is the result prime?"
 
 
-XAGENT_PROMPT = "Verify this claim: 17 * 23 = 391."
+TEAM_PROMPT = "Team: write a short report on the claim that 17 * 23 = 391."
 
 
-def _demo_review(http: httpx.Client) -> bool:
-    """Demo part 2: coordinator → invoke_agent(fact-checker) waits on a review; approve it
-    through the API, then show the invoked session's provenance and the audit row.
-    Returns whether the turn failed."""
-    console.rule(f"[bold]coordinator[/] ← {escape(XAGENT_PROMPT)}")
-    resp = http.post("/v1/sessions", json={"agent": "coordinator", "prompt": XAGENT_PROMPT})
+def _demo_team(http: httpx.Client) -> bool:
+    """Demo part 2: a team run of ``research-desk``. The lead fans out to its two members
+    in parallel, then asks the researcher with invoke_agent, which waits on a policy
+    review that the demo approves through the API; then the transcript, the trace, the
+    invoked session's provenance and the audit log. Returns whether the turn failed."""
+    console.rule(f"[bold]team research-desk[/] ← {escape(TEAM_PROMPT)}")
+    resp = http.post("/v1/sessions", json={"team": "research-desk", "prompt": TEAM_PROMPT})
     session = _checked(resp)
     session_id = str(session["session_id"])
 
@@ -412,7 +426,8 @@ def _demo_review(http: httpx.Client) -> bool:
 
     _, failed = follow(http, session_id, on_review=approve)
     print_transcript(http, session_id)
-    invoked = http.get("/v1/sessions", params={"agent": "fact-checker", "limit": 1}).json()
+    console.print(render_trace(_checked(http.get(f"/v1/sessions/{session_id}/trace"))))
+    invoked = http.get("/v1/sessions", params={"agent": "researcher", "limit": 1}).json()
     for row in invoked["data"]:
         console.print(
             f"invoked session {row['session_id']}: name '{row['name']}', invoked_by_agent="
@@ -423,6 +438,7 @@ def _demo_review(http: httpx.Client) -> bool:
     for a in audit["data"]:
         table.add_row(a["caller"], a["operation"], a["target"] or "", a["outcome"], a["decided_by"])
     console.print(table)
+    console.print(f"Temporal UI: {session['workflow_url']}", soft_wrap=True)
     return failed
 
 
@@ -471,7 +487,7 @@ def demo(
                     f"model: {cfg.model or 'scripted (offline)'}"
                 )
                 console.print(f"Temporal UI: {session['workflow_url']}", soft_wrap=True)
-                failed = _demo_review(http) or failed
+                failed = _demo_team(http) or failed
                 if db_file is None:
                     console.print("[dim](another stack owns .baton/: this demo ran in memory)[/]")
                 else:
@@ -481,6 +497,56 @@ def demo(
         finally:
             services.stop()
     lock.release()
+
+
+def _usage_line(u: dict[str, object]) -> str:
+    cost = f" · ${u['cost_usd']:.4f}" if u.get("cost_usd") is not None else ""
+    return f"{u['input_tokens']}/{u['output_tokens']} tokens{cost} · {u['wall_ms']} ms"
+
+
+def render_trace(node: dict[str, object]) -> Tree:
+    """The delegation tree (``GET /v1/sessions/{id}/trace``) as a Rich tree."""
+
+    def label(n: dict[str, object]) -> str:
+        d = n.get("delegation") or {}
+        assert isinstance(d, dict)
+        how = f"[blue]{d['kind']}[/] " if d else ""
+        alias = f" ({d['alias']})" if d.get("alias") else ""
+        wall = f" · {d['wall_ms']} ms" if d.get("wall_ms") is not None else ""
+        step = n["usage"]
+        assert isinstance(step, dict)
+        text = (
+            f"{how}[bold]{n['agent']}@{n['version']}[/]{alias} · {n['status']}"
+            f" · {_usage_line(step)}{wall}"
+        )
+        if d.get("task"):
+            text += f"\n[dim]{escape(str(d['task']))[:120]}[/]"
+        if d.get("error"):
+            text += f"\n[red]{escape(str(d['error']))[:160]}[/]"
+        return text
+
+    def grow(tree: Tree, n: dict[str, object]) -> None:
+        for child in n.get("children") or []:  # type: ignore[attr-defined]
+            grow(tree.add(label(child)), child)
+
+    total = node["subtree_usage"]
+    assert isinstance(total, dict)
+    tree = Tree(f"{label(node)}\n[green]run total: {_usage_line(total)}[/]")
+    grow(tree, node)
+    return tree
+
+
+@app.command()
+def trace(
+    session_id: Annotated[str, typer.Argument(help="session-… id (the run's root)")],
+    api_url: Annotated[
+        str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
+    ] = None,
+) -> None:
+    """Print a session's delegation tree: who delegated to whom, tokens, cost, wall-clock."""
+    with _api_client(api_url) as http:
+        body = _checked(http.get(f"/v1/sessions/{session_id}/trace"))
+    console.print(render_trace(body))
 
 
 # --- reviews (over the API), users and tokens (on the database) -----------------
