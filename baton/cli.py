@@ -605,21 +605,22 @@ def reviews_list(
     with _api_client(api_url) as http:
         params = {"status": status} if status and status != "all" else {}
         body = _checked(http.get("/v1/reviews", params=params | {"limit": 200}))
-    # Ids are what `approve`/`deny` take: never cut them, whatever the terminal width.
-    table = Table("status", "caller", "operation", "target", "preview")
-    table.add_column("id", no_wrap=True, min_width=43)
-    table.add_column("session", no_wrap=True, min_width=44)
-    for r in body["data"]:  # type: ignore[attr-defined]
-        table.add_row(
-            r["status"],
-            r["caller"],
-            r["operation"],
-            r["target"] or "",
-            escape(r["preview"][:60]),
-            r["id"],
-            r["session_id"],
+    # One review per line, ids first and never cut (they are what approve/deny take):
+    # a table squeezes every other column to nothing in an 80-column terminal.
+    if not body["data"]:
+        console.print(
+            f"no {status if status and status != 'all' else ''} reviews".replace("  ", " ")
         )
-    console.print(table)
+    for r in body["data"]:  # type: ignore[attr-defined]
+        target = f" {r['target']}" if r["target"] else ""
+        console.print(
+            f"[bold]{r['id']}[/] {r['status']} · {r['caller']} → {r['operation']}{target}"
+            f" · session {r['session_id']}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        if r["preview"]:
+            console.print(f"    {escape(r['preview'][:200])}", soft_wrap=True, highlight=False)
 
 
 def _decide(review_id: str, decision: str, scope: str | None, api_url: str | None) -> None:
