@@ -183,6 +183,14 @@ def descendants(session: Session, *, session_id: str) -> list[str]:
 class StepUsage(BaseModel):
     """Usage of one session (its own model calls) or of a whole subtree."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"requests": 2, "input_tokens": 120, "output_tokens": 40, "cost_usd": 0.0003}
+            ]
+        }
+    )
+
     requests: int = 0
     input_tokens: int = 0
     output_tokens: int = 0

@@ -54,7 +54,14 @@ class InvalidTeam(BatonError):
 class TeamMember(BaseModel):
     """A member: agent slug, role, and the hint shown in ``delegate_to``'s description."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"agent_id": "fact-checker", "role": "specialist", "delegation_hint": "checks"}
+            ]
+        },
+    )
 
     agent_id: Annotated[str, Field(pattern=SLUG_PATTERN)]
     role: Literal["supervisor", "specialist"] = "specialist"
@@ -64,7 +71,9 @@ class TeamMember(BaseModel):
 class TeamRoute(BaseModel):
     """``{when: <regex on the user message>, to: <specialist>}`` (executed, see README)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"when": "^check:", "to": "fact-checker"}]}
+    )
 
     when: str = Field(min_length=1, max_length=500)
     to: Annotated[str, Field(pattern=SLUG_PATTERN)]

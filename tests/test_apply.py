@@ -15,8 +15,11 @@ from baton.db import Agent, AgentRevision, make_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "agents.yaml"
+_EXAMPLE = yaml.safe_load(EXAMPLES.read_text())
 #: How many agents the examples file defines (counted, so adding one keeps tests honest).
-EXAMPLE_COUNT = len(yaml.safe_load(EXAMPLES.read_text())["agents"])
+EXAMPLE_COUNT = len(_EXAMPLE["agents"])
+#: Rows `baton apply` reports for it: its agents and its teams.
+EXAMPLE_ROWS = EXAMPLE_COUNT + len(_EXAMPLE.get("teams") or [])
 
 
 @pytest.fixture
@@ -49,11 +52,11 @@ def test_examples_publish_then_a_second_apply_changes_nothing(db_url: str) -> No
     """A fresh apply of the examples publishes each at version 1; applying again is a no-op."""
     first = baton(db_url, "apply", "-f", str(EXAMPLES))
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count("created") == EXAMPLE_COUNT
+    assert first.stdout.count("created") == EXAMPLE_ROWS
     before = counts(db_url)
     second = baton(db_url, "apply", "-f", str(EXAMPLES))
     assert second.returncode == 0, second.stderr
-    assert second.stdout.count("unchanged") == EXAMPLE_COUNT
+    assert second.stdout.count("unchanged") == EXAMPLE_ROWS
     assert counts(db_url) == before == (EXAMPLE_COUNT, EXAMPLE_COUNT)
 
 
@@ -66,7 +69,7 @@ def test_changed_agent_is_republished_alone(db_url: str, tmp_path: Path) -> None
     )
     out = baton(db_url, "apply", "-f", str(edited))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("published") == 1 and out.stdout.count("unchanged") == EXAMPLE_COUNT - 1
+    assert out.stdout.count("published") == 1 and out.stdout.count("unchanged") == EXAMPLE_ROWS - 1
     assert counts(db_url) == (EXAMPLE_COUNT, EXAMPLE_COUNT + 1)
 
 
@@ -119,7 +122,7 @@ def test_metadata_or_draft_change_is_reported_as_updated(db_url: str, tmp_path: 
     edited.write_text(EXAMPLES.read_text().replace("name: Writer", "name: Writer Two"))
     out = baton(db_url, "apply", "-f", str(edited))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("updated") == 1 and out.stdout.count("unchanged") == EXAMPLE_COUNT - 1
+    assert out.stdout.count("updated") == 1 and out.stdout.count("unchanged") == EXAMPLE_ROWS - 1
     assert counts(db_url) == (EXAMPLE_COUNT, EXAMPLE_COUNT)
 
 
