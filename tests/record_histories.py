@@ -3,7 +3,7 @@
 Run from the repo root when a workflow change is *meant* to change commands
 (and gate it with ``workflow.patched``):
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
-legacy-tool-name, xagent; default all).
+legacy-tool-name, xagent, delegation; default all).
 Existing files are kept, so histories from older code stay in the suite.
 """
 
@@ -156,6 +156,35 @@ async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> No
     await save(client, guard.session_id, "xagent-self-invocation")
 
 
+async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """A team run fanning out, a team route, and a cancel cascading into a delegation."""
+    from tests.test_teams import make_team, team_run
+
+    class _Env:  # team_run takes the environment only for its client
+        def __init__(self, client: Client) -> None:
+            self.client = client
+
+    make_team(engine, routes=[{"when": "^fact-check:", "to": "checker"}])
+    fan = await team_run(_Env(client), engine, worker, "go")  # type: ignore[arg-type]
+    await save(client, fan.session_id, "team-fan-out")
+    routed = await team_run(_Env(client), engine, worker, "fact-check: sky")  # type: ignore[arg-type]
+    await save(client, routed.session_id, "team-route")
+
+    slow = [{"reply": "w " * 40, "chunk_delay_ms": 50}]
+    publish(engine, "slowpoke", playbook=slow, delegation={"available_for_delegation": True})
+    call = {"tool": "delegate_to", "args": {"agent_id": "slowpoke", "task": "take your time"}}
+    publish(engine, "impatient", playbook=[{"when": "go", "tool_calls": [call]}])
+    from baton import roster
+
+    roster.clear_cache()
+    run = await launch(client, engine, worker, "impatient", "go", sync=False)
+    await asyncio.sleep(1.0)
+    await launching.cancel_session(client, engine, session_id=run.session_id)
+    with contextlib.suppress(Exception):
+        await client.get_workflow_handle(run.session_id).result()
+    await save(client, run.session_id, "cancel-cascade")
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return sessions.get_session(s, session_id=session_id).status
@@ -165,6 +194,7 @@ SCENARIOS = {
     "base": base_scenarios,
     "legacy-tool-name": legacy_tool_name,
     "xagent": xagent_scenarios,
+    "delegation": delegation_scenarios,
 }
 
 

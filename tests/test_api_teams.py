@@ -396,3 +396,34 @@ def test_trace_of_unknown_session_is_404(live_api: httpx.Client) -> None:
     """GET /v1/sessions/{id}/trace of a session that does not exist is 404."""
     missing = "session-00000000-0000-0000-0000-000000000000"
     assert_problem(live_api.get(f"/v1/sessions/{missing}/trace"), 404, "session_not_found")
+
+
+def test_solo_session_over_http_cannot_delegate(live_api: httpx.Client) -> None:
+    """POST /v1/sessions with disable_delegation: the agent's delegate_to is refused
+    delegation_unavailable; without it the same call reaches the roster agent."""
+    agent(
+        live_api,
+        "helper",
+        playbook=[{"reply": "HELPED"}],
+        delegation={"available_for_delegation": True},
+    )
+    agent(
+        live_api,
+        "host",
+        playbook=[
+            {"when": "^delegate_to: ", "reply": "GOT {last_message}"},
+            {"tool_calls": [{"tool": "delegate_to", "args": {"agent_id": "helper", "task": "t"}}]},
+        ],
+    )
+    roster.clear_cache()
+    team_mode = live_api.post("/v1/sessions", json={"agent": "host", "prompt": "go", "sync": True})
+    assert team_mode.status_code == 201, team_mode.text
+    assert team_mode.json()["response"] == "GOT HELPED"
+    solo = live_api.post(
+        "/v1/sessions",
+        json={"agent": "host", "prompt": "go", "sync": True, "disable_delegation": True},
+    )
+    assert solo.status_code == 201, solo.text
+    assert "delegation_unavailable" in solo.json()["response"]
+    sid = solo.json()["session_id"]
+    assert live_api.get(f"/v1/sessions/{sid}/trace").json()["children"] == []

@@ -27,6 +27,8 @@ def test_histories_are_checked_in() -> None:
     assert "xagent-name-prepatch-v3" in names
     for kind in ("review-allowed", "review-timeout", "self-invocation"):
         assert f"xagent-{kind}-v4" in names
+    # v5: after the delegation, routing and cancel-cascade patches.
+    assert {"team-fan-out-v5", "team-route-v5", "cancel-cascade-v5"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
