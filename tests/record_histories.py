@@ -3,7 +3,7 @@
 Run from the repo root when a workflow change is *meant* to change commands
 (and gate it with ``workflow.patched``):
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
-legacy-tool-name, xagent, delegation; default all).
+legacy-tool-name, legacy-delegation-names, xagent, delegation; default all).
 Existing files are kept, so histories from older code stay in the suite.
 """
 
@@ -117,6 +117,29 @@ async def legacy_tool_name(client: Client, engine: Engine, worker: Worker) -> No
     await save(client, run.session_id, "xagent-name-prepatch")
 
 
+async def legacy_delegation_names(client: Client, engine: Engine, worker: Worker) -> None:
+    """Recorded BEFORE the delegation and routing patches (run on code from before them):
+    a model calling tools named delegate_to and task, and a message with an @mention."""
+    publish(engine, "helper", playbook=[{"reply": "hi"}])
+    publish(
+        engine,
+        "legacy2",
+        playbook=[
+            {"when": "^(delegate_to|task): ", "reply": "noted: {last_message}"},
+            {
+                "when": "go",
+                "reply": "Trying.",
+                "tool_calls": [
+                    {"tool": "delegate_to", "args": {"agent_id": "helper", "task": "x"}},
+                    {"tool": "task", "args": {"alias": "a", "prompt": "y"}},
+                ],
+            },
+        ],
+    )
+    run = await launch(client, engine, worker, "legacy2", "go ask @helper")
+    await save(client, run.session_id, "delegation-names-prepatch")
+
+
 async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
     """Review allowed by Signal (with the sync invoke), review timeout, guard refusal."""
     from sqlmodel import select
@@ -193,6 +216,7 @@ def _status(engine: Engine, session_id: str) -> str:
 SCENARIOS = {
     "base": base_scenarios,
     "legacy-tool-name": legacy_tool_name,
+    "legacy-delegation-names": legacy_delegation_names,
     "xagent": xagent_scenarios,
     "delegation": delegation_scenarios,
 }

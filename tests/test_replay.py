@@ -29,6 +29,8 @@ def test_histories_are_checked_in() -> None:
         assert f"xagent-{kind}-v4" in names
     # v5: after the delegation, routing and cancel-cascade patches.
     assert {"team-fan-out-v5", "team-route-v5", "cancel-cascade-v5"} <= names
+    # Tools named delegate_to/task and an @mention, before those patches: still ordinary.
+    assert "delegation-names-prepatch-v4" in names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
