@@ -206,6 +206,9 @@ class DelegationActivities:
                         "(agents with delegation.available_for_delegation)",
                     )
             if existing is None:
+                # Serialise this run's delegations: count-then-insert must not interleave, or
+                # parallel delegate_to calls could all pass max_spawns / token_budget.
+                delegations.lock_run(s, root_session_id=root)
                 _check_limits(s, inp, root)
             delegations.start(
                 s,
@@ -331,6 +334,13 @@ class DelegationActivities:
             done = stored_outcome(s, tool.message_id)
             if done is not None:
                 return done
+            caller = sessions.get_session(s, session_id=tool.session_id)
+            if caller.status in CLOSED_STATUSES:
+                # The caller was cancelled (its cascade cancelled the child, which is why we
+                # got here): nothing reaches its transcript any more.
+                if inp is not None:
+                    delegations.finish(s, delegation_id=inp.delegation_id, status="cancelled")
+                return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
             if inp is not None and finished:
                 delegations.finish(
                     s,

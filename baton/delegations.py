@@ -13,9 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
+from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from baton import sessions
+from baton.contracts import CLOSED_STATUSES
 from baton.db import DelegationRow, MessageRow, SessionRow, utcnow
 
 PREVIEW_CHARS = 300
@@ -78,7 +80,8 @@ def start(
 def finish(
     session: Session, *, delegation_id: str, status: str, result: str = "", error: str | None = None
 ) -> None:
-    """Mark a delegation completed/failed once and emit ``delegation_complete``."""
+    """Mark a delegation completed/failed/cancelled once; emit ``delegation_complete``
+    (not for cancelled: the run's stream has already ended)."""
     row = session.get(DelegationRow, delegation_id)
     if row is None or row.finished_at is not None:
         return
@@ -87,6 +90,9 @@ def finish(
     row.result_preview = sessions.summarise(result, PREVIEW_CHARS)
     row.finished_at = utcnow()
     session.add(row)
+    if status == "cancelled":  # the run's stream already ended with `cancelled`
+        session.flush()
+        return
     sessions.append_event(
         session,
         session_id=row.root_session_id,
@@ -101,6 +107,25 @@ def finish(
         },
     )
     session.flush()
+
+
+def lock_run(session: Session, *, root_session_id: str) -> None:
+    """Take the run's write lock until the transaction ends (its root session row).
+
+    PostgreSQL locks the row; SQLite takes the database write lock with a no-op
+    UPDATE (it has no row locks). Concurrent delegations of one run then check
+    their limits one after another.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.exec(
+            select(SessionRow.id).where(SessionRow.id == root_session_id).with_for_update()
+        )
+    else:
+        session.execute(
+            sa_update(SessionRow)
+            .where(col(SessionRow.id) == root_session_id)
+            .values(id=SessionRow.id)
+        )
 
 
 def context(session: Session, session_id: str) -> tuple[str, str, str] | None:
@@ -123,6 +148,8 @@ def forward(session: Session, session_id: str, kind: str, data: dict[str, Any]) 
     if ctx is None:
         return
     root, delegation_id, agent = ctx
+    if sessions.get_session(session, session_id=root).status in CLOSED_STATUSES:
+        return  # the run was cancelled: its stream ends with `cancelled`
     sessions.append_event(
         session,
         session_id=root,

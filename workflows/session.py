@@ -329,8 +329,12 @@ class SessionWorkflow:
     def _may_route(self, agent: ResolvedAgent, msg: UserMessage) -> bool:
         """Whether this message could be routed: a lead with team routes, or an @mention.
 
-        Checked in the workflow so that ordinary turns pay no extra activity.
+        Checked in the workflow so that ordinary turns pay no extra activity. Only turns a
+        human sent are routed: a task another agent wrote is not an instruction to re-route
+        (members and delegated sessions cannot re-delegate through a mention).
         """
+        if self._invoked_turn:
+            return False
         team = self._inp.team
         routes = (
             team is not None
