@@ -279,6 +279,7 @@ class DelegationActivities:
                         sync=sync,
                         update_id=inp.delegation_id,
                         invoked_by_agent=tool.agent_slug,
+                        user=inp.user,
                     )
                 else:
                     launched = await launch.launch_session(

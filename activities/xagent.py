@@ -228,18 +228,22 @@ class XAgentActivities:
                 row.decided_by = d.decided_by if d else "timeout"
                 row.decision_id = d.decision_id if d else None
                 row.decided_at = utcnow()
-                saved = False
                 if d is not None and d.decision == "always_allow" and row.operation != "create":
                     scope = "all" if row.operation == "list" else (d.scope or "target")
-                    row.scope = scope
-                    policies.save_policy(
-                        s,
-                        caller=row.caller_agent_slug,
-                        operation=row.operation,
-                        target=None if scope == "all" else row.target_agent_slug,
-                        decision="allow",
-                    )
-                    saved = True
+                    target = None if scope == "all" else row.target_agent_slug
+                    # An agent deleted while the review waited gets no policy: a later agent
+                    # reusing its slug must not inherit it (then it is an allow-once).
+                    if _agent(s, row.caller_agent_slug) is not None and (
+                        target is None or _agent(s, target) is not None
+                    ):
+                        row.scope = scope
+                        policies.save_policy(
+                            s,
+                            caller=row.caller_agent_slug,
+                            operation=row.operation,
+                            target=target,
+                            decision="allow",
+                        )
                 s.add(row)
                 reason = f"no decision within {inp.timeout_s:g} s" if d is None else d.decision
                 reviews.add_audit(
@@ -276,18 +280,20 @@ class XAgentActivities:
                     srow = sessions.get_session(s, session_id=row.session_id)
                     if srow.status == "awaiting_input":
                         sessions.set_status(s, session_id=row.session_id, status="running")
-                if saved:
-                    for other in reviews.pending_for(
-                        s, caller=row.caller_agent_slug, operation=row.operation
-                    ):
-                        verdict = policies.decide(
-                            s,
-                            caller=other.caller_agent_slug,
-                            operation=other.operation,
-                            target=other.target_agent_slug,
-                        )
-                        if other.id != row.id and verdict == "allow":
-                            covered.append((other.id, other.session_id))
+            if row.status == "allowed" and row.scope is not None:
+                # Recomputed on every attempt: a retry after the commit must still release
+                # the reviews the saved policy covers (signalling twice is harmless).
+                for other in reviews.pending_for(
+                    s, caller=row.caller_agent_slug, operation=row.operation
+                ):
+                    verdict = policies.decide(
+                        s,
+                        caller=other.caller_agent_slug,
+                        operation=other.operation,
+                        target=other.target_agent_slug,
+                    )
+                    if other.id != row.id and verdict == "allow":
+                        covered.append((other.id, other.session_id))
             allowed = row.status == "allowed"
             outcome = None if allowed else stored_outcome(s, tool.message_id)
             return SettleResult(allowed=allowed, outcome=outcome), covered
@@ -317,12 +323,18 @@ class XAgentActivities:
     # --- list / create / read ----------------------------------------------------
 
     @activity.defn(name="xagent_tool")
-    def xagent_tool(self, inp: XAgentCall) -> ToolOutcome:
-        """Run list_agents, create_agent, get_agent_sessions or get_agent_session_transcript."""
+    async def xagent_tool(self, inp: XAgentCall) -> ToolOutcome:
+        """Run list_agents, create_agent, get_agent_sessions or get_agent_session_transcript.
+
+        Async so that a transcript read waiting for a running turn holds no thread.
+        """
+        if inp.tool.call.name == "get_agent_session_transcript":
+            await self._wait_for_turn(inp)
+        return await asyncio.to_thread(self._xagent_tool, inp)
+
+    def _xagent_tool(self, inp: XAgentCall) -> ToolOutcome:
         tool = inp.tool
         name = tool.call.name
-        if name == "get_agent_session_transcript":
-            self._wait_for_turn(inp)
         with session_scope(self._engine) as s:
             done = stored_outcome(s, tool.message_id)
             if done is not None:
@@ -399,7 +411,7 @@ class XAgentActivities:
             auth.copy_acl(s, source=caller, target=slug, owner=inp.user)
         return _json({"slug": slug, "name": args.name, "version": 1})
 
-    def _wait_for_turn(self, inp: XAgentCall) -> None:
+    async def _wait_for_turn(self, inp: XAgentCall) -> None:
         """sync=true on a running session: wait for its turn to end (seed 000)."""
         try:
             args = GetTranscriptArgs.model_validate(inp.tool.call.args)
@@ -407,14 +419,16 @@ class XAgentActivities:
             return
         if not args.sync:
             return
-        deadline = time.monotonic() + TRANSCRIPT_WAIT_S
-        while time.monotonic() < deadline:
+
+        def running() -> bool:
             with session_scope(self._engine) as s:
                 row = s.get(SessionRow, args.session_id)
-                if row is None or row.status not in ("running", "awaiting_input"):
-                    return
+                return row is not None and row.status in ("running", "awaiting_input")
+
+        deadline = time.monotonic() + TRANSCRIPT_WAIT_S
+        while time.monotonic() < deadline and await asyncio.to_thread(running):
             activity.heartbeat()
-            time.sleep(TRANSCRIPT_POLL_S)
+            await asyncio.sleep(TRANSCRIPT_POLL_S)
         # Still running: the transcript so far, its status line says so.
 
     @staticmethod

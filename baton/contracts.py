@@ -6,9 +6,9 @@ defaults so histories recorded by older code still decode.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 
@@ -159,6 +159,10 @@ class SessionConfig(BaseModel):
     max_steps_per_message: int = Field(
         default=12, description="Model calls one user message may cause (tool loops end here)."
     )
+    max_tool_calls_per_reply: int = Field(
+        default=16,
+        description="Tool calls of one model reply that run; each further one is refused.",
+    )
     model_turn_timeout_s: float = 600.0
     heartbeat_timeout_s: float = 30.0
     review_timeout_s: float = 300.0
@@ -189,6 +193,9 @@ class UserMessage(BaseModel):
 
     prompt: str
     invoked_by_agent: str | None = None
+    user: str | None = Field(
+        default=None, description="Who sent it (auth mode: X-Agent ACL checks use this user)."
+    )
 
 
 class TeamMemberSnapshot(BaseModel):
@@ -412,6 +419,20 @@ SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 SESSION_ID_PATTERN = r"^session-[0-9a-f-]{36}$"
 
 
+def _storable(value: str) -> str:
+    """Text the database can store: no NUL, no unpaired surrogates (PostgreSQL, UTF-8)."""
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (no unpaired surrogates)") from exc
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+
+
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -423,11 +444,11 @@ class ListAgentsArgs(_Args):
 class CreateAgentArgs(_Args):
     """``create_agent(name, description?, instructions?)``."""
 
-    name: str = Field(min_length=1, max_length=200, description="Display name of the new agent.")
-    description: str | None = Field(
+    name: Text = Field(min_length=1, max_length=200, description="Display name of the new agent.")
+    description: Text | None = Field(
         default=None, max_length=2000, description="One-line description."
     )
-    instructions: str | None = Field(
+    instructions: Text | None = Field(
         default=None, max_length=100_000, description="The new agent's system prompt."
     )
 
@@ -436,7 +457,7 @@ class InvokeAgentArgs(_Args):
     """``invoke_agent(slug, prompt, session_id?, sync=false)``."""
 
     slug: str = Field(pattern=SLUG_PATTERN, description="Target agent's slug (from list_agents).")
-    prompt: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="The message.")
+    prompt: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="The message.")
     session_id: str | None = Field(
         default=None,
         pattern=SESSION_ID_PATTERN,
@@ -498,11 +519,11 @@ class ReviewDecision(BaseModel):
     whether its decision was the one applied.
     """
 
-    review_id: str
+    review_id: str = Field(max_length=80)
     decision: Decision
     scope: Literal["target", "all"] | None = None
-    decided_by: str = "temporal-cli"
-    decision_id: str | None = None
+    decided_by: Text = Field(default="temporal-cli", min_length=1, max_length=200)
+    decision_id: str | None = Field(default=None, max_length=80)
 
 
 class AuthorizeInput(BaseModel):
@@ -594,7 +615,7 @@ class DelegateToArgs(_Args):
     """``delegate_to(agent_id, task)``."""
 
     agent_id: str = Field(pattern=SLUG_PATTERN, description="The teammate to hand the task to.")
-    task: str = Field(
+    task: Text = Field(
         min_length=1,
         max_length=MAX_MESSAGE_CHARS,
         description="A self-contained task with all the context the teammate needs.",
@@ -605,7 +626,7 @@ class TaskArgs(_Args):
     """``task(alias, prompt)``: run a subagent of this agent's tree."""
 
     alias: str = Field(pattern=SLUG_PATTERN, description="The subagent's alias.")
-    prompt: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    prompt: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
 
 
 class RouteInput(BaseModel):

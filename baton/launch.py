@@ -191,7 +191,11 @@ async def launch_session(
     try:
         handle = await client.start_update_with_start_workflow(
             UPDATE,
-            UserMessage(prompt=prompt, invoked_by_agent=provenance.invoked_by_agent),
+            UserMessage(
+                prompt=prompt,
+                invoked_by_agent=provenance.invoked_by_agent,
+                user=provenance.created_by_user,
+            ),
             start_workflow_operation=start,
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
             id=update_id or f"{session_id}:message-1",
@@ -249,11 +253,13 @@ async def send_message(
     sync: bool,
     update_id: str | None = None,
     invoked_by_agent: str | None = None,
+    user: str | None = None,
 ) -> tuple[TurnOutcome | None, str | None]:
     """Send a message to an existing session: ``(outcome, final text)`` when sync.
 
     ``update_id`` makes the send idempotent (delegations); ``invoked_by_agent``
-    marks the turn as invoked by that agent (the one-hop rule applies to it).
+    marks the turn as invoked by that agent (the one-hop rule applies to it);
+    ``user`` is the sender, whose roles that turn's X-Agent calls use (auth mode).
 
     Raises SessionNotFound, SessionBusy (409, a turn is running), SessionClosed,
     InvalidPrompt, TurnFailed or EngineUnavailable.
@@ -276,14 +282,16 @@ async def send_message(
             sessions.set_status(s, session_id=session_id, status="idle")
 
     # A sync caller waits for the reply itself: no SSE race to close, so skip the write.
-    marked = False if sync else await asyncio.to_thread(mark_running)
+    # An idempotent (delegation) send may be a retry of an Update that already finished:
+    # marking the session running then would leave it running with no turn to end it.
+    marked = False if sync or update_id else await asyncio.to_thread(mark_running)
     handle = client.get_workflow_handle(session_id)
     message_id = update_id or f"{session_id}:message-{uuid.uuid4()}"
 
     async def deliver() -> TurnOutcome | None:
         update = await handle.start_update(
             UPDATE,
-            UserMessage(prompt=prompt, invoked_by_agent=invoked_by_agent),
+            UserMessage(prompt=prompt, invoked_by_agent=invoked_by_agent, user=user),
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
             id=message_id,
             result_type=TurnOutcome,

@@ -8,11 +8,12 @@ every create_agent call reviews.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
+from baton.contracts import SLUG_PATTERN
 from baton.db import Agent, XAgentPolicy, utcnow
 from baton.errors import AgentNotFound, BatonError
 
@@ -74,7 +75,9 @@ class Policies(BaseModel):
     )
 
     global_: GlobalPolicies = Field(default_factory=GlobalPolicies, alias="global")
-    targets: dict[str, TargetPolicies] = Field(default_factory=dict, max_length=1000)
+    targets: dict[Annotated[str, Field(pattern=SLUG_PATTERN)], TargetPolicies] = Field(
+        default_factory=dict, max_length=1000
+    )
 
 
 def decide(session: Session, *, caller: str, operation: str, target: str | None) -> Verdict:

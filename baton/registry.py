@@ -13,8 +13,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from baton import auth, policies
-from baton.contracts import ResolvedAgent
-from baton.db import Agent, AgentDraft, AgentLivePointer, AgentRevision, utcnow
+from baton.contracts import CLOSED_STATUSES, ResolvedAgent
+from baton.db import Agent, AgentDraft, AgentLivePointer, AgentRevision, SessionRow, utcnow
 from baton.errors import (
     AgentExists,
     AgentInUse,
@@ -470,13 +470,27 @@ def retire(session: Session, *, slug: str) -> Agent:
 def delete_agent(session: Session, *, slug: str) -> None:
     """Delete the identity, draft, revisions and pointer.
 
-    Refused (AgentInUse) while any revision of another agent references the slug:
-    a later agent reusing the slug would otherwise change what that pin means.
+    Refused (AgentInUse) while any revision of another agent references the slug
+    (a later agent reusing the slug would otherwise change what that pin means),
+    while a team names it, and while any of its sessions is open.
     Raises AgentNotFound, AgentInUse.
     """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     _refuse_if_used(session, slug, "delete", live_only=False)
+    open_sessions = session.exec(
+        select(func.count())
+        .select_from(SessionRow)
+        .where(SessionRow.agent_slug == slug, col(SessionRow.status).not_in(CLOSED_STATUSES))
+    ).one()
+    if open_sessions:
+        # An open session (and its pending reviews) would live on under a slug that a new,
+        # unrelated agent could take: cancel them first.
+        raise AgentInUse(
+            f"cannot delete '{slug}': {open_sessions} of its sessions are still open; "
+            "cancel them first",
+            open_sessions=int(open_sessions),
+        )
     agent_id = _id(agent)
     # Seed 003, 'Policy storage': policy rows naming the agent go with it (and its ACL).
     policies.delete_for_agent(session, slug=slug)

@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     review_timeout: float = Field(
         default=300.0,
         gt=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
         description="Seconds a policy review waits for a decision before it is denied "
         "(seed 003, 'Review timeout').",
     )
@@ -68,7 +70,11 @@ class Settings(BaseSettings):
         "roster itself is opt-in per agent.",
     )
     delegation_timeout: float = Field(
-        default=900.0, gt=0, description="Seconds one delegation may take before it fails."
+        default=900.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Seconds one delegation may take before it fails.",
     )
     default_agent: str | None = Field(
         default=None,

@@ -71,7 +71,7 @@ async def connect(settings: Settings) -> Client:
 
 
 def build_worker(
-    client: Client, *, engine: Engine, task_queue: str, max_concurrent_activities: int = 64
+    client: Client, *, engine: Engine, task_queue: str, max_concurrent_activities: int = 256
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough."""
     return Worker(

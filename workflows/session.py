@@ -84,6 +84,7 @@ PATCH_XAGENT = "x-agent-tools"
 PATCH_DELEGATION = "delegation-tools"
 PATCH_CASCADE = "cancel-cascades-to-delegations"
 PATCH_ROUTING = "team-routes-and-mentions"
+PATCH_CALL_CAP = "cap-tool-calls-per-reply"
 #: Decisions kept for reviews that already had their outcome (reported, then dropped).
 MAX_LATE_DECISIONS = 50
 
@@ -102,6 +103,8 @@ class SessionWorkflow:
         self._status: SessionStatus = "idle"
         self._turn_task: asyncio.Task[Any] | None = None
         self._invoked_turn = False
+        # Whose permissions this turn's X-Agent calls use (auth mode): the message's sender.
+        self._turn_user = inp.provenance.created_by_user
         # Reviews this run is waiting on (id -> summary), and the decisions received.
         self._open_reviews: dict[str, dict[str, Any]] = {}
         # Review ids handed to `authorize` whose verdict is not back yet: the review row
@@ -265,6 +268,7 @@ class SessionWorkflow:
         self._busy = True
         # Seed 000, one-hop: a turn another agent sent (or any turn of an invoked session).
         self._invoked_turn = bool(self._inp.provenance.invoked_by_agent or msg.invoked_by_agent)
+        self._turn_user = msg.user or self._inp.provenance.created_by_user
         self._set_status("running")
         try:
             await workflow.wait_condition(lambda: self._agent is not None)
@@ -303,10 +307,14 @@ class SessionWorkflow:
                     preview_is_full=result.preview_is_full,
                     usage=usage,
                 )
-            # Several tool calls in one model response run in parallel.
+            # Several tool calls in one model response run in parallel, up to a cap: each
+            # holds worker slots (a sync delegation for as long as its child runs).
+            capped = workflow.patched(PATCH_CALL_CAP)
             await asyncio.gather(
                 *(
                     self._dispatch(agent, turn, step, i, call)
+                    if not capped or i < self._inp.config.max_tool_calls_per_reply
+                    else self._too_many(agent, turn, step, i, call)
                     for i, call in enumerate(result.tool_calls)
                 )
             )
@@ -385,6 +393,25 @@ class SessionWorkflow:
                 raise
             await self._refuse(tool, "delegation_failed", _cause(err), audit=False)
         return True
+
+    async def _too_many(
+        self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
+    ) -> ToolOutcome:
+        sid = self._inp.session_id
+        tool = ToolMessage(
+            session_id=sid,
+            agent_slug=agent.slug,
+            message_id=f"{sid}:t{turn}:s{step}:tool{index}",
+            position=position(turn, step, 2, index),
+            call=call,
+        )
+        return await self._refuse(
+            tool,
+            "too_many_tool_calls",
+            f"at most {self._inp.config.max_tool_calls_per_reply} tool calls run per reply; "
+            "call the rest in your next reply",
+            audit=False,
+        )
 
     def _offer(self, agent: ResolvedAgent) -> DelegationOffer:
         """Which delegation tools this session offers (seed 002; seed 004 subagents).
@@ -508,7 +535,7 @@ class SessionWorkflow:
                 XAgentActivities.authorize,
                 AuthorizeInput(
                     tool=tool,
-                    user=self._inp.provenance.created_by_user,
+                    user=self._turn_user,
                     operation=operation,
                     target=target,
                     review_id=review_id,
@@ -519,6 +546,11 @@ class SessionWorkflow:
                 retry_policy=STORE_RETRY,
                 summary=f"authorize {operation}" + (f" → {target}" if target else ""),
             )
+        except ActivityError as err:
+            if self._closed:
+                raise
+            # Never leave a call without a result: the agent reads why and goes on.
+            return await self._refuse(tool, "authorization_failed", _cause(err), audit=False)
         finally:
             self._expected_reviews.discard(review_id)
         if verdict.decision != "review":
@@ -527,7 +559,12 @@ class SessionWorkflow:
             assert verdict.outcome is not None
             return verdict.outcome
         if verdict.decision == "review":
-            settled = await self._review(tool, review_id, operation, target, preview)
+            try:
+                settled = await self._review(tool, review_id, operation, target, preview)
+            except ActivityError as err:
+                if self._closed:
+                    raise
+                return await self._refuse(tool, "review_failed", _cause(err), audit=False)
             if settled is not None:
                 return settled
         try:
@@ -545,7 +582,7 @@ class SessionWorkflow:
                 XAgentActivities.xagent_tool,
                 XAgentCall(
                     tool=tool,
-                    user=self._inp.provenance.created_by_user,
+                    user=self._turn_user,
                     auth=self._inp.config.auth,
                 ),
                 start_to_close_timeout=TOOL_TIMEOUT,
@@ -673,7 +710,7 @@ class SessionWorkflow:
                 tool=tool,
                 delegation_id=f"{tool.message_id}:delegation",
                 caller_session_id=self._inp.session_id,
-                user=self._inp.provenance.created_by_user,
+                user=self._turn_user,
                 target=target,
                 prompt=prompt,
                 session_id=session_id,

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import CallerDep, SessionDep
 from api.problems import problem_responses
-from baton import auth, policies, registry
+from baton import auth, policies, registry, sessions
 from baton.contracts import ResolvedAgent
+from baton.errors import AgentExists
 from baton.schemas import (
     MAX_OFFSET,
     MAX_VERSION,
@@ -38,6 +39,12 @@ def create_agent(body: AgentCreate, session: SessionDep, caller: CallerDep) -> A
 
     In auth mode the creator becomes the agent's owner.
     """
+    if caller.auth and sessions.list_sessions(session, agent=body.slug, limit=1)[1]:
+        # The slug has history from a deleted agent: its creator would become the owner
+        # of those sessions, reviews and audit rows.
+        raise AgentExists(
+            f"'{body.slug}' has session history from a deleted agent; choose another slug"
+        )
     agent = registry.create_agent(
         session, slug=body.slug, name=body.name, description=body.description, spec=body.spec
     )

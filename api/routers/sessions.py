@@ -220,7 +220,7 @@ async def send_message(
     """Deliver a message by Update; 409 ``session_busy`` while a turn runs."""
     await asyncio.to_thread(_require, engine, caller, "user", session_id=session_id)
     outcome, text = await launch.send_message(
-        client, engine, session_id=session_id, prompt=body.prompt, sync=body.sync
+        client, engine, session_id=session_id, prompt=body.prompt, sync=body.sync, user=caller.user
     )
 
     def row() -> sessions.SessionPublic:
