@@ -39,8 +39,9 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton import delegations, registry, reviews, roster, sessions
+from baton import delegations, metering, registry, reviews, roster, sessions
 from baton.contracts import (
+    BALANCE_EXHAUSTED,
     CLOSED_STATUSES,
     LIMIT_EXCEEDED,
     LoadAgentInput,
@@ -222,11 +223,20 @@ class SessionActivities:
 
     def _prepare(
         self, inp: ModelTurnInput
-    ) -> tuple[ModelTurnResult | None, Any, Any, list[tuple[str, str]]]:
+    ) -> tuple[ModelTurnResult | None, Any, Any, list[tuple[str, str]], float | None]:
         with session_scope(self._engine) as s:
             done = sessions.get_message(s, message_id=inp.assistant_message_id)
             if done is not None:
-                return _result_from(done), None, None, []
+                return _result_from(done), None, None, [], None
+            balance = metering.get_balance(s)
+            if balance is not None and balance <= 0:
+                # Refused before the provider is called (seed 004, spend); never retried.
+                raise ApplicationError(
+                    f"{BALANCE_EXHAUSTED}: the organisation balance is spent "
+                    f"(${balance:.4f}); raise it with PUT /v1/balance",
+                    type=BALANCE_EXHAUSTED,
+                    non_retryable=True,
+                )
             if inp.token_budget is not None and inp.run_root is not None:
                 used = delegations.run_tokens(s, root_session_id=inp.run_root)
                 if used >= inp.token_budget:
@@ -260,7 +270,7 @@ class SessionActivities:
             entries = (
                 roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []
             )
-            return None, agent, sessions.history(s, session_id=inp.session_id), entries
+            return None, agent, sessions.history(s, session_id=inp.session_id), entries, balance
 
     @staticmethod
     def _chunk_event(s: Session, inp: ModelTurnInput, text: str, attempt: int) -> None:
@@ -287,11 +297,22 @@ class SessionActivities:
         usage: Usage,
         last_chunk: str,
         attempt: int,
+        model: str = "",
     ) -> None:
-        """Store the reply (and the stream's last chunk) in one transaction."""
+        """Store the reply (and the stream's last chunk) and meter it, in one transaction."""
         with session_scope(self._engine) as s:
             if self._cancelled(s, inp.session_id):
                 return
+            metering.record(
+                s,
+                message_id=inp.assistant_message_id,
+                agent=inp.agent_slug,
+                session_id=inp.session_id,
+                model=model,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=usage.cost_usd or 0.0,
+            )
             if last_chunk:
                 self._chunk_event(s, inp, last_chunk, attempt)
                 delegations.forward(s, inp.session_id, "chunk", {"content": last_chunk})
@@ -316,6 +337,24 @@ class SessionActivities:
             if not calls:
                 sessions.set_status(s, session_id=inp.session_id, status="idle")
 
+    def _cut(
+        self, inp: ModelTurnInput, model: str, input_tokens: int, chars: int, cost: float, tail: str
+    ) -> None:
+        """Meter a stream cut for the balance (estimated tokens) and flush its last text."""
+        with session_scope(self._engine) as s:
+            if tail and not self._cancelled(s, inp.session_id):
+                self._chunk_event(s, inp, tail, activity.info().attempt)
+            metering.record(
+                s,
+                message_id=inp.assistant_message_id,
+                agent=inp.agent_slug,
+                session_id=inp.session_id,
+                model=model,
+                input_tokens=input_tokens,
+                output_tokens=chars // metering.CHARS_PER_TOKEN,
+                cost_usd=cost,
+            )
+
     @activity.defn(name="model_turn")
     async def model_turn(self, inp: ModelTurnInput) -> ModelTurnResult:
         """One model call: load the transcript, stream the reply, persist it once.
@@ -327,7 +366,7 @@ class SessionActivities:
         """
         attempt = activity.info().attempt
         async with heartbeating():
-            done, agent, history, entries = await self._in_db(self._prepare, inp)
+            done, agent, history, entries, balance = await self._in_db(self._prepare, inp)
             if done is not None:
                 return done
             assert isinstance(agent, ResolvedAgent)
@@ -358,25 +397,48 @@ class SessionActivities:
             )
             started = time.monotonic()
             buffer, flushed_at = "", started
+            name = model_name(agent.model, inp.default_model)
+            messages = to_model_messages(system_prompt, history)
+            # A stream is cut once its running cost would spend the balance: input tokens
+            # estimated from the request, output from the text streamed so far.
+            input_estimate = sum(len(str(m)) for m in messages) // metering.CHARS_PER_TOKEN
+            streamed = 0
             try:
-                model = build_model(
-                    model_name(agent.model, inp.default_model),
-                    playbook=agent.playbook,
-                    agent_slug=agent.slug,
-                )
+                model = build_model(name, playbook=agent.playbook, agent_slug=agent.slug)
                 async with model_request_stream(
                     model,
-                    to_model_messages(system_prompt, history),
+                    messages,
                     model_settings={"max_retries": 0},
                     model_request_parameters=params,
                 ) as stream:
                     async for event in stream:
+                        delta = ""
                         if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
-                            buffer += event.part.content
+                            delta = event.part.content
                         elif isinstance(event, PartDeltaEvent) and isinstance(
                             event.delta, TextPartDelta
                         ):
-                            buffer += event.delta.content_delta
+                            delta = event.delta.content_delta
+                        buffer += delta
+                        streamed += len(delta)
+                        if balance is not None and delta:
+                            spent = metering.price_cost(
+                                inp.prices,
+                                name,
+                                input_estimate,
+                                streamed // metering.CHARS_PER_TOKEN,
+                            )
+                            if spent is not None and spent >= balance:
+                                await self._in_db(
+                                    self._cut, inp, name, input_estimate, streamed, spent, buffer
+                                )
+                                raise ApplicationError(
+                                    f"{BALANCE_EXHAUSTED}: the balance ran out during the "
+                                    f"reply (about ${spent:.4f} of ${balance:.4f}); the stream "
+                                    "was cancelled",
+                                    type=BALANCE_EXHAUSTED,
+                                    non_retryable=True,
+                                )
                         now = time.monotonic()
                         if buffer and now - flushed_at >= CHUNK_FLUSH_S:
                             await self._in_db(self._chunk, inp, buffer, attempt)
@@ -392,6 +454,10 @@ class SessionActivities:
             cost: float | None = None
             with contextlib.suppress(Exception):  # unknown model/provider: no price known
                 cost = float(response.cost().total_price)
+            if cost is None:
+                cost = metering.price_cost(
+                    inp.prices, name, response.usage.input_tokens, response.usage.output_tokens
+                )
             usage = Usage(
                 requests=1,
                 input_tokens=response.usage.input_tokens,
@@ -399,7 +465,7 @@ class SessionActivities:
                 cost_usd=cost,
                 wall_ms=int((time.monotonic() - started) * 1000),
             )
-            await self._in_db(self._persist, inp, text, calls, usage, buffer, attempt)
+            await self._in_db(self._persist, inp, text, calls, usage, buffer, attempt, name)
             return ModelTurnResult(
                 message_id=inp.assistant_message_id,
                 preview=text[:PREVIEW_CHARS],

@@ -177,6 +177,9 @@ class SessionConfig(BaseModel):
     runtime_depth_ceiling: int = Field(
         default=8, description="No delegation nests deeper than this (seed 004)."
     )
+    prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Model prices (USD per million tokens) for metering."
+    )
     continue_as_new_after_turns: int | None = Field(
         default=None,
         description="Also continue-as-new after this many turns (None = when suggested).",
@@ -302,6 +305,9 @@ class ModelTurnInput(BaseModel):
         default=None, description="Which delegation tools this turn offers."
     )
     run_root: str | None = Field(default=None, description="Root session of the run.")
+    prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="BATON_PRICES: USD per million input/output tokens."
+    )
     token_budget: int | None = Field(default=None, description="The run's token budget.")
 
 
@@ -609,6 +615,7 @@ class DelegateInput(BaseModel):
 
 DELEGATION_TOOLS = ("delegate_to", "task")
 LIMIT_EXCEEDED = "limit_exceeded"
+BALANCE_EXHAUSTED = "balance_exhausted"
 
 
 class DelegateToArgs(_Args):
@@ -650,3 +657,82 @@ class RouteDecision(BaseModel):
     kind: str = "route"
     target: str = ""
     call: ToolCall | None = None
+
+
+# --- Workflow-agent steps (issue 6; seed 004 'One Agent, two execution experiences') ----
+
+StepStatus = Literal["running", "awaiting_handoff", "completed", "failed", "rejected"]
+STEP_CLOSED = ("completed", "failed", "rejected")
+INVALID_DELIVERABLE = "invalid_deliverable"
+
+
+class StepRetry(BaseModel):
+    """Attempts of a step: invalid deliverables and failed model calls are retried."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"max_attempts": 3, "initial_interval_s": 1.0, "backoff_coefficient": 2.0}]
+        },
+    )
+
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    initial_interval_s: float = Field(default=1.0, ge=0, le=3600, allow_inf_nan=False)
+    backoff_coefficient: float = Field(default=2.0, ge=1, le=10, allow_inf_nan=False)
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before attempt ``attempt + 1`` (after attempt ``attempt`` failed)."""
+        return float(self.initial_interval_s * self.backoff_coefficient ** (attempt - 1))
+
+
+class StepInput(BaseModel):
+    """AgentStepWorkflow input: the pinned agent, the input and the step's policy."""
+
+    step_id: str
+    agent_pin: str
+    input: str
+    output_schema: dict[str, Any] | None = None
+    retry: StepRetry = Field(default_factory=StepRetry)
+    handoff: bool = False
+    handoff_timeout_s: float = 86_400.0
+    timeout_s: float | None = None
+    config: SessionConfig = Field(default_factory=SessionConfig)
+    user: str = "local"
+
+
+class HandoffDecision(BaseModel):
+    """Signal ``handoff``: approve | revise (with feedback: another attempt) | reject."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"decision": "revise", "feedback": "Add sources."}]},
+    )
+
+    decision: Literal["approve", "revise", "reject"]
+    feedback: Text | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+
+
+class StepUpdate(BaseModel):
+    """``update_step`` activity input: the step row's new state."""
+
+    step_id: str
+    status: StepStatus
+    attempts: int = 0
+    deliverable: Any = None
+    error: str | None = None
+
+
+class DeliverableCheck(BaseModel):
+    """``check_deliverable`` activity input: the final message and the schema (or none)."""
+
+    step_id: str
+    message_id: str
+    output_schema: dict[str, Any] | None = None
+
+
+class DeliverableResult(BaseModel):
+    """The parsed deliverable, or the validation errors to feed back to the model."""
+
+    ok: bool
+    deliverable: Any = None
+    errors: list[str] = Field(default_factory=list)

@@ -326,6 +326,57 @@ class ChannelMemory(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class StepRow(SQLModel, table=True):
+    """A workflow-agent step (seed 004, 'One Agent, two execution experiences')."""
+
+    __tablename__ = "steps"
+
+    id: str = Field(primary_key=True, max_length=80)
+    agent_slug: str = Field(index=True, max_length=63)
+    agent_version: int
+    input: str = ""
+    output_schema: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    retry: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    handoff: bool = False
+    timeout_s: float | None = None
+    status: str = Field(default="running", max_length=20)
+    deliverable: Any = Field(default=None, sa_type=sa.JSON)
+    attempts: int = 0
+    error: str | None = None
+    created_by_user: str = Field(default="local", max_length=200)
+    created_at: datetime = _ts(index=True)
+    updated_at: datetime = _ts()
+
+
+class UsageRow(SQLModel, table=True):
+    """One metered model call: tokens and cost, by agent, session, step and day (issue 6)."""
+
+    __tablename__ = "usage"
+
+    id: int | None = Field(default=None, primary_key=True)
+    message_id: str = Field(unique=True, max_length=160)
+    day: str = Field(index=True, max_length=10)
+    agent_slug: str = Field(index=True, max_length=63)
+    session_id: str = Field(index=True, max_length=80)
+    step_id: str | None = Field(default=None, index=True, max_length=80)
+    model: str = Field(default="", max_length=200)
+    requests: int = 1
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    at: datetime = _ts()
+
+
+class BalanceRow(SQLModel, table=True):
+    """The organisation balance in USD (one row, id 1); NULL amount = unlimited."""
+
+    __tablename__ = "balance"
+
+    id: int = Field(default=1, primary_key=True)
+    amount_usd: float | None = None
+    updated_at: datetime = _ts()
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; for a SQLite file, its folder is created.
 

@@ -35,12 +35,13 @@ from baton.contracts import (
     ResolvedAgent,
     SessionConfig,
     SessionInput,
+    StepInput,
     TeamSnapshot,
     TurnOutcome,
     UserMessage,
     initial_search_attributes,
 )
-from baton.db import SessionRow, session_scope
+from baton.db import SessionRow, StepRow, session_scope
 from baton.errors import (
     BatonError,
     EngineUnavailable,
@@ -346,3 +347,72 @@ async def cancel_session(client: Client, engine: Engine, *, session_id: str) -> 
     except RPCError as exc:
         if exc.status != RPCStatusCode.NOT_FOUND:
             raise EngineUnavailable(f"Temporal refused the cancel: {exc.message}") from exc
+
+
+STEP_WORKFLOW = "AgentStep"
+
+
+async def launch_step(
+    client: Client,
+    engine: Engine,
+    *,
+    task_queue: str,
+    inp: StepInput,
+    ref: str,
+) -> tuple[str, int]:
+    """Resolve ``ref`` to a pin (recorded on the step), store the step and start its
+    AgentStepWorkflow (id ``step-<uuid>``). Returns ``(slug, version)``.
+
+    Raises the registry's errors for the reference, EngineUnavailable when Temporal
+    refuses the start (nothing is left behind).
+    """
+
+    def record() -> tuple[str, int]:
+        with session_scope(engine) as s:
+            found, rev = registry.resolve_ref(s, ref=ref)
+            s.add(
+                StepRow(
+                    id=inp.step_id,
+                    agent_slug=found.slug,
+                    agent_version=rev.version,
+                    input=inp.input,
+                    output_schema=inp.output_schema,
+                    retry=inp.retry.model_dump(),
+                    handoff=inp.handoff,
+                    timeout_s=inp.timeout_s,
+                    created_by_user=inp.user,
+                )
+            )
+            # The step's transcript lives in a session row of the same id (claim-check).
+            sessions.create_session(
+                s,
+                session_id=inp.step_id,
+                agent_slug=found.slug,
+                agent_version=rev.version,
+                provenance=Provenance(created_by_user=inp.user),
+                name=f"Step · {_name(inp.input)}",
+            )
+            return found.slug, rev.version
+
+    slug, version = await asyncio.to_thread(record)
+    pinned = inp.model_copy(update={"agent_pin": f"{slug}@{version}"})
+    try:
+        await client.start_workflow(
+            STEP_WORKFLOW,
+            pinned,
+            id=inp.step_id,
+            task_queue=task_queue,
+            static_summary=f"step {slug}@{version} · {_name(inp.input)}",
+        )
+    except RPCError as exc:
+
+        def forget() -> None:
+            with session_scope(engine) as s:
+                for model in (StepRow, SessionRow):
+                    row = s.get(model, inp.step_id)
+                    if row is not None:
+                        s.delete(row)
+
+        await asyncio.to_thread(forget)
+        raise EngineUnavailable(f"Temporal refused to start the step: {exc.message}") from exc
+    return slug, version

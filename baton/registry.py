@@ -481,7 +481,11 @@ def delete_agent(session: Session, *, slug: str) -> None:
     open_sessions = session.exec(
         select(func.count())
         .select_from(SessionRow)
-        .where(SessionRow.agent_slug == slug, col(SessionRow.status).not_in(CLOSED_STATUSES))
+        .where(
+            SessionRow.agent_slug == slug,
+            col(SessionRow.status).not_in(CLOSED_STATUSES),
+            col(SessionRow.id).startswith("session-"),  # a step's transcript row ends with it
+        )
     ).one()
     if open_sessions:
         # An open session (and its pending reviews) would live on under a slug that a new,

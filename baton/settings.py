@@ -81,6 +81,11 @@ class Settings(BaseSettings):
         pattern=r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$",
         description="Agent a session gets when the request names none (routing default).",
     )
+    prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description='Model prices for metering, USD per million tokens: {"model": [in, out]}; '
+        "pydantic-ai's price data wins where it knows the model.",
+    )
     api_url: str = Field(
         default="http://127.0.0.1:8000",
         description="Where CLI commands that talk to the API (`baton reviews`) find it.",
@@ -114,6 +119,7 @@ class Settings(BaseSettings):
             allow_adhoc_delegation=self.allow_adhoc_delegation,
             delegation_timeout_s=self.delegation_timeout,
             runtime_depth_ceiling=self.runtime_depth_ceiling,
+            prices=self.prices,
         )
 
     def workflow_url(self, workflow_id: str) -> str:

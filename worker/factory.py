@@ -20,10 +20,12 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.delegation import DelegationActivities
 from activities.session import SessionActivities
+from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.settings import Settings
 from workflows.session import SessionWorkflow
+from workflows.step import AgentStepWorkflow
 
 #: Modules the workflow sandbox imports once instead of per run. Each is pure
 #: (no I/O at import) and only its pure parts run inside workflow code:
@@ -37,7 +39,7 @@ PASSTHROUGH = (
     "jsonschema",
 )
 
-WORKFLOWS = [SessionWorkflow]
+WORKFLOWS = [SessionWorkflow, AgentStepWorkflow]
 
 
 def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
@@ -45,6 +47,7 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
     acts = SessionActivities(engine)
     xagent = XAgentActivities(engine, client)
     delegation = DelegationActivities(engine, client)
+    steps = StepActivities(engine)
     return [
         acts.load_agent,
         acts.model_turn,
@@ -58,6 +61,8 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
         delegation.delegate,
         delegation.cancel_delegations,
         delegation.route_turn,
+        steps.check_deliverable,
+        steps.update_step,
     ]
 
 

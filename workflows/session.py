@@ -460,6 +460,7 @@ class SessionWorkflow:
                 default_model=cfg.default_model,
                 delegation=self._offer(agent),
                 run_root=self._root,
+                prices=cfg.prices,
                 token_budget=self._run_limits(agent).token_budget,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),

@@ -1,0 +1,334 @@
+"""``/v1/steps``, ``/v1/usage``, ``/v1/balance``: workflow-agent steps, metering and the
+balance ceiling (issue 6; DESIGN §4, §8, §9)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+import jsonschema
+from fastapi import APIRouter, Path, Query, status
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from temporalio.service import RPCError
+
+from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.problems import problem_responses
+from baton import launch, metering
+from baton.contracts import STEP_CLOSED, HandoffDecision, StepInput, StepRetry
+from baton.db import StepRow, session_scope
+from baton.errors import BatonError, Conflict, EngineUnavailable, NotFound
+from baton.schemas import MAX_OFFSET, Page
+from baton.spec import REF_PATTERN, SafeText, parse_ref
+
+router = APIRouter(prefix="/v1/steps", tags=["steps"])
+usage_router = APIRouter(prefix="/v1", tags=["usage"])
+
+StepIdPath = Annotated[str, Path(pattern=r"^step-[0-9a-f-]{36}$", examples=["step-1c9e…"])]
+#: Largest input (characters) and schema (bytes of JSON) a step accepts.
+MAX_INPUT_CHARS = 64_000
+MAX_SCHEMA_BYTES = 64_000
+
+
+class StepNotFound(NotFound):
+    """No step with this id."""
+
+    code = "step_not_found"
+
+
+class NotAwaitingHandoff(Conflict):
+    """A handoff decision for a step that is not waiting for one."""
+
+    code = "step_not_awaiting_handoff"
+
+
+class InvalidSchema(BatonError):
+    """``output_schema`` is not a valid JSON Schema (2020-12)."""
+
+    code = "invalid_schema"
+    status = 422
+    title = "Invalid JSON Schema"
+
+
+class StepCreate(BaseModel):
+    """``POST /v1/steps``. A bare slug is compiled to a pin at launch and recorded."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "agent": "writer",
+                    "input": "Summarise the Q3 report.",
+                    "output_schema": {
+                        "type": "object",
+                        "properties": {"summary": {"type": "string"}},
+                        "required": ["summary"],
+                    },
+                    "retry": {"max_attempts": 3, "initial_interval_s": 1, "backoff_coefficient": 2},
+                    "handoff": True,
+                }
+            ]
+        },
+    )
+
+    agent: str = Field(pattern=REF_PATTERN, description="`slug` (compiled to a pin) or `slug@v`.")
+    input: SafeText | dict[str, Any] | list[Any] = Field(
+        description="Text, or JSON (sent to the model as JSON text)."
+    )
+    output_schema: dict[str, Any] | None = Field(
+        default=None, description="JSON Schema (2020-12) the deliverable must validate against."
+    )
+    retry: StepRetry = Field(default_factory=StepRetry)
+    handoff: bool = Field(
+        default=False, description="Wait for a human's approval (Signal handoff)."
+    )
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400, allow_inf_nan=False)
+    handoff_timeout_s: float = Field(default=86_400.0, gt=0, le=30 * 86400, allow_inf_nan=False)
+
+    @field_validator("output_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        if len(json.dumps(value)) > MAX_SCHEMA_BYTES:
+            raise ValueError(f"output_schema is larger than {MAX_SCHEMA_BYTES} bytes")
+        return value
+
+
+class StepAccepted(BaseModel):
+    """``202`` for a launched step."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"step_id": "step-1c9e…", "agent": "writer", "version": 3, "status": "running"}
+            ]
+        }
+    )
+
+    step_id: str
+    agent: str
+    version: int
+    status: str
+
+
+class StepPublic(BaseModel):
+    """``GET /v1/steps/{id}``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "step_id": "step-1c9e…",
+                    "agent": "writer",
+                    "version": 3,
+                    "status": "completed",
+                    "deliverable": {"summary": "Revenue grew 4%."},
+                    "attempts": 2,
+                    "error": None,
+                    "handoff": False,
+                    "created_at": "2026-11-29T12:00:00Z",
+                    "updated_at": "2026-11-29T12:00:05Z",
+                }
+            ]
+        }
+    )
+
+    step_id: str
+    agent: str
+    version: int
+    status: str
+    deliverable: Any
+    attempts: int
+    error: str | None
+    handoff: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+def _public(row: StepRow) -> StepPublic:
+    return StepPublic(
+        step_id=row.id,
+        agent=row.agent_slug,
+        version=row.agent_version,
+        status=row.status,
+        deliverable=row.deliverable,
+        attempts=row.attempts,
+        error=row.error,
+        handoff=row.handoff,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=problem_responses(403, 404, 409, 422, 503),
+    summary="Run an agent as a workflow-agent step",
+)
+async def create_step(
+    body: StepCreate,
+    engine: EngineDep,
+    settings: SettingsDep,
+    caller: CallerDep,
+    client: TemporalDep,
+) -> StepAccepted:
+    """Pin the agent, store the step and start its AgentStepWorkflow; poll GET for the result."""
+    if body.output_schema is not None:
+        try:
+            jsonschema.Draft202012Validator.check_schema(body.output_schema)
+        except jsonschema.SchemaError as exc:
+            raise InvalidSchema(f"output_schema: {exc.message}", path="output_schema") from exc
+    if caller.auth:
+
+        def check() -> None:
+            with session_scope(engine) as s:
+                caller.require(s, parse_ref(body.agent)[0], "user")
+
+        await asyncio.to_thread(check)
+    text = body.input if isinstance(body.input, str) else json.dumps(body.input)
+    if not text.strip() or len(text) > MAX_INPUT_CHARS:
+        raise InvalidSchema(f"input must be 1..{MAX_INPUT_CHARS} characters", path="input")
+    step_id = f"step-{uuid.uuid4()}"
+    inp = StepInput(
+        step_id=step_id,
+        agent_pin=body.agent,
+        input=text,
+        output_schema=body.output_schema,
+        retry=body.retry,
+        handoff=body.handoff,
+        handoff_timeout_s=body.handoff_timeout_s,
+        timeout_s=body.timeout_s,
+        config=settings.session_config(),
+        user=caller.user,
+    )
+    slug, version = await launch.launch_step(
+        client, engine, task_queue=settings.task_queue, inp=inp, ref=body.agent
+    )
+    return StepAccepted(step_id=step_id, agent=slug, version=version, status="running")
+
+
+@router.get("", responses=problem_responses(422), summary="List steps")
+def list_steps(
+    session: SessionDep,
+    caller: CallerDep,
+    agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> Page[StepPublic]:
+    """Steps newest first (auth mode: of agents the user holds a role on)."""
+    from sqlalchemy import func
+    from sqlmodel import col, select
+
+    conditions = []
+    if agent is not None:
+        conditions.append(col(StepRow.agent_slug) == agent)
+    visible = caller.visible(session)
+    if visible is not None:
+        conditions.append(col(StepRow.agent_slug).in_(visible))
+    total = session.exec(select(func.count()).select_from(StepRow).where(*conditions)).one()
+    rows = session.exec(
+        select(StepRow)
+        .where(*conditions)
+        .order_by(col(StepRow.created_at).desc(), col(StepRow.id))
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    return Page(data=[_public(r) for r in rows], count=int(total))
+
+
+def _get(session: Any, step_id: str) -> StepRow:
+    row = session.get(StepRow, step_id)
+    if row is None:
+        raise StepNotFound(f"no step '{step_id}'")
+    return row  # type: ignore[no-any-return]
+
+
+@router.get("/{step_id}", responses=problem_responses(403, 404, 422), summary="Get a step")
+def get_step(step_id: StepIdPath, session: SessionDep, caller: CallerDep) -> StepPublic:
+    """Status, pin, deliverable, attempts, error."""
+    row = _get(session, step_id)
+    caller.require(session, row.agent_slug, "viewer")
+    return _public(row)
+
+
+@router.post(
+    "/{step_id}/handoff",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=problem_responses(403, 404, 409, 422, 503),
+    summary="Approve, revise or reject a step's deliverable",
+)
+async def handoff(
+    step_id: StepIdPath,
+    body: HandoffDecision,
+    engine: EngineDep,
+    caller: CallerDep,
+    client: TemporalDep,
+) -> StepPublic:
+    """Deliver Signal ``handoff``; 409 ``step_not_awaiting_handoff`` unless it waits for one."""
+
+    def load() -> StepPublic:
+        with session_scope(engine) as s:
+            row = _get(s, step_id)
+            caller.require(s, row.agent_slug, "user")
+            return _public(row)
+
+    step = await asyncio.to_thread(load)
+    if step.status != "awaiting_handoff":
+        raise NotAwaitingHandoff(
+            f"step '{step_id}' is {step.status}, not awaiting_handoff", step_status=step.status
+        )
+    try:
+        await client.get_workflow_handle(step_id).signal("handoff", body)
+    except RPCError as exc:
+        raise EngineUnavailable(f"Temporal refused the decision: {exc.message}") from exc
+    return step
+
+
+@usage_router.get("/usage", responses=problem_responses(422), summary="Metered usage")
+def get_usage(
+    session: SessionDep,
+    _caller: CallerDep,
+    group_by: Annotated[
+        metering.GroupBy, Query(description="agent | session | step | day | model")
+    ] = "agent",
+    agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
+    session_id: Annotated[str | None, Query(max_length=80)] = None,
+    step_id: Annotated[str | None, Query(max_length=80)] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Page[metering.UsageGroup]:
+    """Tokens in/out, requests and cost of every model call, summed per group."""
+    rows = metering.usage(
+        session,
+        group_by=group_by,
+        agent=agent,
+        session_id=session_id,
+        step_id=step_id,
+        since=since,
+        until=until,
+    )
+    return Page(data=rows, count=len(rows))
+
+
+@usage_router.get("/balance", summary="The organisation balance")
+def get_balance(session: SessionDep, _caller: CallerDep) -> metering.BalancePublic:
+    """``{balance}`` in USD; null = unlimited; spent when ≤ 0."""
+    return metering.BalancePublic(balance=metering.get_balance(session))
+
+
+@usage_router.put("/balance", responses=problem_responses(422), summary="Set the balance")
+def put_balance(
+    body: metering.BalancePublic, session: SessionDep, _caller: CallerDep
+) -> metering.BalancePublic:
+    """Set the balance (USD; null = unlimited). Model calls are refused once it is ≤ 0."""
+    metering.set_balance(session, amount=body.balance)
+    session.commit()
+    return body
+
+
+__all__ = ["STEP_CLOSED", "router", "usage_router"]

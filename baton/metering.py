@@ -1,0 +1,198 @@
+"""Usage metering and the balance ceiling (seed 004, 'What bounds a tree': spend; DESIGN §9).
+
+Every model call is metered (tokens in/out, cost) in the ``usage`` table, in the
+same transaction as its message. Cost comes from pydantic-ai's price data
+(genai-prices) when the model is known, else from ``BATON_PRICES``
+(``{"model": [usd_per_million_input, usd_per_million_output]}``), else 0.
+
+The balance (``GET|PUT /v1/balance``) is an organisation-wide ceiling: each
+call's cost is deducted; once it is ≤ 0 a model request is refused before it
+reaches the provider (``balance_exhausted``), and a stream is cut when its
+running cost would take the balance below zero.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func
+from sqlalchemy import select as sa_select
+from sqlalchemy import update as sa_update
+from sqlmodel import Session, col, select
+
+from baton.db import BalanceRow, UsageRow, utcnow
+
+#: Characters per token when a stream's output must be estimated before the provider
+#: reports usage (cutting a stream cannot wait for the final count).
+CHARS_PER_TOKEN = 4
+
+
+class BalancePublic(BaseModel):
+    """``GET|PUT /v1/balance``: USD; null = unlimited; spent when ≤ 0."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"balance": 25.0}]})
+
+    balance: float | None = Field(
+        default=None, ge=-1e12, le=1e12, allow_inf_nan=False, description="USD; null = unlimited."
+    )
+
+
+class UsageGroup(BaseModel):
+    """Metered usage of one group (an agent, a session, a step or a day)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "key": "researcher",
+                    "requests": 12,
+                    "input_tokens": 4800,
+                    "output_tokens": 900,
+                    "cost_usd": 0.0123,
+                }
+            ]
+        }
+    )
+
+    key: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+GroupBy = Literal["agent", "session", "step", "day", "model"]
+_COLUMN = {
+    "agent": UsageRow.agent_slug,
+    "session": UsageRow.session_id,
+    "step": UsageRow.step_id,
+    "day": UsageRow.day,
+    "model": UsageRow.model,
+}
+
+
+def price_cost(
+    prices: dict[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int
+) -> float | None:
+    """Cost from the configured price table (USD per million tokens), or None."""
+    price = prices.get(model)
+    if price is None:
+        return None
+    return (input_tokens * price[0] + output_tokens * price[1]) / 1_000_000
+
+
+def get_balance(session: Session) -> float | None:
+    """The balance in USD, or None (unlimited)."""
+    row = session.get(BalanceRow, 1)
+    return None if row is None else row.amount_usd
+
+
+def set_balance(session: Session, *, amount: float | None) -> float | None:
+    """Set the balance (None = unlimited). Flushes."""
+    row = session.get(BalanceRow, 1) or BalanceRow(id=1)
+    row.amount_usd = amount
+    row.updated_at = utcnow()
+    session.add(row)
+    session.flush()
+    return amount
+
+
+def exhausted(session: Session) -> bool:
+    """Whether a balance is set and spent (≤ 0)."""
+    amount = get_balance(session)
+    return amount is not None and amount <= 0
+
+
+def record(
+    session: Session,
+    *,
+    message_id: str,
+    agent: str,
+    session_id: str,
+    model: str,
+    input_tokens: int,
+    output_tokens: int,
+    cost_usd: float,
+) -> bool:
+    """Meter one model call once (keyed by its message id) and charge the balance.
+
+    Returns whether it was recorded now (False: a retry found it). The balance
+    update is one atomic ``UPDATE … SET amount = amount - cost``.
+    """
+    if session.exec(select(UsageRow.id).where(UsageRow.message_id == message_id)).first():
+        return False
+    now = utcnow()
+    session.add(
+        UsageRow(
+            message_id=message_id,
+            day=now.date().isoformat(),
+            agent_slug=agent,
+            session_id=session_id,
+            step_id=session_id if session_id.startswith("step-") else None,
+            model=model[:200],
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cost_usd=cost_usd,
+            at=now,
+        )
+    )
+    if cost_usd:
+        session.execute(
+            sa_update(BalanceRow)
+            .where(col(BalanceRow.id) == 1, col(BalanceRow.amount_usd).is_not(None))
+            .values(amount_usd=col(BalanceRow.amount_usd) - cost_usd, updated_at=now)
+        )
+    session.flush()
+    return True
+
+
+def usage(
+    session: Session,
+    *,
+    group_by: GroupBy,
+    agent: str | None = None,
+    session_id: str | None = None,
+    step_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[UsageGroup]:
+    """Usage summed per ``group_by`` value, filtered; largest cost first."""
+    key = _COLUMN[group_by]
+    conditions = []
+    for column, value in (
+        (UsageRow.agent_slug, agent),
+        (UsageRow.session_id, session_id),
+        (UsageRow.step_id, step_id),
+    ):
+        if value is not None:
+            conditions.append(col(column) == value)
+    if since is not None:
+        conditions.append(col(UsageRow.at) >= since)
+    if until is not None:
+        conditions.append(col(UsageRow.at) < until)
+    if group_by == "step":
+        conditions.append(col(UsageRow.step_id).is_not(None))
+    rows = session.execute(
+        sa_select(
+            col(key),
+            func.sum(UsageRow.requests),
+            func.sum(UsageRow.input_tokens),
+            func.sum(UsageRow.output_tokens),
+            func.sum(UsageRow.cost_usd),
+        )
+        .where(*conditions)
+        .group_by(col(key))
+        .order_by(func.sum(UsageRow.cost_usd).desc(), col(key))
+    ).all()
+    return [
+        UsageGroup(
+            key=str(k),
+            requests=int(r or 0),
+            input_tokens=int(i or 0),
+            output_tokens=int(o or 0),
+            cost_usd=float(c or 0.0),
+        )
+        for k, r, i, o, c in rows
+    ]

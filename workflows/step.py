@@ -1,0 +1,253 @@
+"""AgentStepWorkflow: one published agent run as a workflow-agent step (issue 6; seed 004,
+'One Agent, two execution experiences'; DESIGN §4).
+
+The step is pinned at launch. Each attempt is a model call (with its ordinary tool
+loop) whose final message must validate against the step's JSON Schema; an invalid
+deliverable is retried with the validation errors fed back, after the request's
+backoff, up to ``max_attempts``, then the step fails with ``invalid_deliverable``.
+With handoff the step waits for Signal ``handoff`` (approve | revise | reject) up to
+its handoff timeout. The transcript lives in the DB under the step's id, like a
+session's, so ``model_turn`` and ``run_tool`` are shared unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.session import SessionActivities
+    from activities.steps import StepActivities
+    from baton.contracts import (
+        INVALID_DELIVERABLE,
+        DeliverableCheck,
+        HandoffDecision,
+        LoadAgentInput,
+        ModelTurnInput,
+        ResolvedAgent,
+        StepInput,
+        StepStatus,
+        StepUpdate,
+        ToolInput,
+        position,
+    )
+    from workflows.options import STORE_RETRY, STORE_TIMEOUT, TOOL_TIMEOUT
+
+#: Attempts a step may make in all, revisions included (a handoff loop ends here).
+MAX_TOTAL_ATTEMPTS = 50
+
+
+@workflow.defn(name="AgentStep")
+class AgentStepWorkflow:
+    """A workflow-agent step. Input: :class:`StepInput`; result: the final status."""
+
+    @workflow.init
+    def __init__(self, inp: StepInput) -> None:
+        self._inp = inp
+        self._status: StepStatus = "running"
+        self._attempts = 0
+        self._decision: HandoffDecision | None = None
+
+    @workflow.query(name="status")
+    def status(self) -> dict[str, Any]:
+        """``{status, attempts}``."""
+        return {"status": self._status, "attempts": self._attempts}
+
+    @workflow.signal(name="handoff")
+    def handoff(self, decision: HandoffDecision) -> None:
+        """A human's decision on the deliverable; only while it awaits one (first wins)."""
+        if self._status == "awaiting_handoff" and self._decision is None:
+            self._decision = decision
+
+    @workflow.run
+    async def run(self, inp: StepInput) -> str:
+        """Run attempts until a deliverable is accepted, rejected, or the step fails."""
+        try:
+            if inp.timeout_s is not None:
+                return await asyncio.wait_for(self._run(inp), timeout=inp.timeout_s)
+            return await self._run(inp)
+        except TimeoutError:
+            return await self._finish(
+                "failed", error=f"timeout: the step took over {inp.timeout_s:g} s"
+            )
+
+    async def _run(self, inp: StepInput) -> str:
+        try:
+            agent = await workflow.execute_activity_method(
+                SessionActivities.load_agent,
+                LoadAgentInput(session_id=inp.step_id, agent_pin=inp.agent_pin),
+                start_to_close_timeout=STORE_TIMEOUT,
+                retry_policy=STORE_RETRY,
+                summary=f"load {inp.agent_pin}",
+            )
+        except ActivityError as err:
+            return await self._finish("failed", error=_cause(err))
+        prompt = _first_prompt(inp)
+        while True:
+            self._attempts += 1
+            if self._attempts > MAX_TOTAL_ATTEMPTS:
+                return await self._finish("failed", error="too many attempts")
+            try:
+                message_id = await self._attempt(agent, self._attempts, prompt)
+            except ActivityError as err:
+                return await self._finish("failed", error=_cause(err))
+            except ApplicationError as err:
+                return await self._finish("failed", error=str(err.message))
+            checked = await workflow.execute_activity_method(
+                StepActivities.check_deliverable,
+                DeliverableCheck(
+                    step_id=inp.step_id, message_id=message_id, output_schema=inp.output_schema
+                ),
+                start_to_close_timeout=STORE_TIMEOUT,
+                retry_policy=STORE_RETRY,
+                summary=f"check deliverable · attempt {self._attempts}",
+            )
+            if not checked.ok:
+                errors = "\n".join(f"- {e}" for e in checked.errors)
+                if self._attempts >= inp.retry.max_attempts:
+                    return await self._finish(
+                        "failed",
+                        error=f"{INVALID_DELIVERABLE}: after {self._attempts} attempts:\n{errors}",
+                    )
+                await self._update("running")
+                await workflow.sleep(
+                    inp.retry.delay(self._attempts),
+                    summary=f"backoff after attempt {self._attempts}",
+                )
+                prompt = (
+                    "Your deliverable does not validate against the required JSON Schema:\n"
+                    f"{errors}\nReply again with only the corrected JSON."
+                )
+                continue
+            if not inp.handoff:
+                return await self._finish("completed", deliverable=checked.deliverable)
+            await self._update("awaiting_handoff", deliverable=checked.deliverable)
+            self._decision = None
+            try:
+                await workflow.wait_condition(
+                    lambda: self._decision is not None,
+                    timeout=timedelta(seconds=inp.handoff_timeout_s),
+                    timeout_summary="handoff",
+                )
+            except TimeoutError:
+                return await self._finish(
+                    "failed",
+                    deliverable=checked.deliverable,
+                    error=f"handoff_timeout: no decision within {inp.handoff_timeout_s:g} s",
+                )
+            decision = self._decision
+            assert decision is not None
+            if decision.decision == "approve":
+                return await self._finish("completed", deliverable=checked.deliverable)
+            if decision.decision == "reject":
+                return await self._finish(
+                    "rejected", deliverable=checked.deliverable, error=decision.feedback
+                )
+            self._status = "running"
+            await self._update("running", deliverable=checked.deliverable)
+            prompt = f"Revise your deliverable. Feedback: {decision.feedback or '(none given)'}"
+
+    async def _attempt(self, agent: ResolvedAgent, attempt: int, prompt: str) -> str:
+        """One attempt: model calls and their tools until a final message; its id."""
+        inp = self._inp
+        sid = inp.step_id
+        cfg = inp.config
+        retry = RetryPolicy(
+            initial_interval=timedelta(seconds=max(inp.retry.initial_interval_s, 0.001)),
+            backoff_coefficient=inp.retry.backoff_coefficient,
+            maximum_interval=timedelta(seconds=max(60.0, inp.retry.initial_interval_s)),
+            maximum_attempts=inp.retry.max_attempts,
+        )
+        user: tuple[str, str] | None = (f"{sid}:t{attempt}:user", prompt)
+        for step in range(1, cfg.max_steps_per_message + 1):
+            result = await workflow.execute_activity_method(
+                SessionActivities.model_turn,
+                ModelTurnInput(
+                    session_id=sid,
+                    agent_slug=agent.slug,
+                    turn=attempt,
+                    step=step,
+                    assistant_message_id=f"{sid}:t{attempt}:s{step}:assistant",
+                    position=position(attempt, step, 1),
+                    user_message_id=user[0] if user else None,
+                    user_text=user[1] if user else None,
+                    user_position=position(attempt, 0, 0) if user else None,
+                    default_model=cfg.default_model,
+                    prices=cfg.prices,
+                ),
+                start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
+                heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
+                retry_policy=retry,
+                summary=f"attempt {attempt}" + (f".{step}" if step > 1 else "") + f" · {agent.pin}",
+            )
+            user = None
+            if not result.tool_calls:
+                return result.message_id
+            await asyncio.gather(
+                *(
+                    workflow.execute_activity_method(
+                        SessionActivities.run_tool,
+                        ToolInput(
+                            session_id=sid,
+                            agent_slug=agent.slug,
+                            message_id=f"{sid}:t{attempt}:s{step}:tool{i}",
+                            position=position(attempt, step, 2, i),
+                            call=call,
+                            allowed_tools=agent.tools,
+                        ),
+                        start_to_close_timeout=TOOL_TIMEOUT,
+                        retry_policy=STORE_RETRY,
+                        summary=f"{call.name} · attempt {attempt}",
+                    )
+                    for i, call in enumerate(result.tool_calls[: cfg.max_tool_calls_per_reply])
+                )
+            )
+        raise ApplicationError(
+            f"attempt {attempt} stopped after {cfg.max_steps_per_message} model calls",
+            non_retryable=True,
+        )
+
+    async def _update(
+        self, status: StepStatus, *, deliverable: Any = None, error: str | None = None
+    ) -> None:
+        self._status = status
+        await workflow.execute_activity_method(
+            StepActivities.update_step,
+            StepUpdate(
+                step_id=self._inp.step_id,
+                status=status,
+                attempts=self._attempts,
+                deliverable=deliverable,
+                error=error,
+            ),
+            start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=status,
+        )
+
+    async def _finish(
+        self, status: StepStatus, *, deliverable: Any = None, error: str | None = None
+    ) -> str:
+        await self._update(status, deliverable=deliverable, error=error)
+        return status
+
+
+def _first_prompt(inp: StepInput) -> str:
+    if inp.output_schema is None:
+        return inp.input
+    schema = json.dumps(inp.output_schema, ensure_ascii=False)
+    return (
+        f"{inp.input}\n\nReply with only a JSON value (no prose) that validates against "
+        f"this JSON Schema:\n{schema}"
+    )
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    return str(cause.message) if isinstance(cause, ApplicationError) else str(cause or err)
