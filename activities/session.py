@@ -338,12 +338,19 @@ class SessionActivities:
                 sessions.set_status(s, session_id=inp.session_id, status="idle")
 
     def _cut(
-        self, inp: ModelTurnInput, model: str, input_tokens: int, chars: int, cost: float, tail: str
+        self,
+        inp: ModelTurnInput,
+        model: str,
+        input_tokens: int,
+        chars: int,
+        cost: float,
+        tail: str,
+        attempt: int,
     ) -> None:
         """Meter a stream cut for the balance (estimated tokens) and flush its last text."""
         with session_scope(self._engine) as s:
             if tail and not self._cancelled(s, inp.session_id):
-                self._chunk_event(s, inp, tail, activity.info().attempt)
+                self._chunk_event(s, inp, tail, attempt)
             metering.record(
                 s,
                 message_id=inp.assistant_message_id,
@@ -430,7 +437,14 @@ class SessionActivities:
                             )
                             if spent is not None and spent >= balance:
                                 await self._in_db(
-                                    self._cut, inp, name, input_estimate, streamed, spent, buffer
+                                    self._cut,
+                                    inp,
+                                    name,
+                                    input_estimate,
+                                    streamed,
+                                    spent,
+                                    buffer,
+                                    attempt,
                                 )
                                 raise ApplicationError(
                                     f"{BALANCE_EXHAUSTED}: the balance ran out during the "
