@@ -549,6 +549,90 @@ def trace(
     console.print(render_trace(body))
 
 
+# --- steps, usage, balance (over the API) ---------------------------------------
+
+STEP_DONE = ("completed", "failed", "rejected", "awaiting_handoff")
+
+
+@app.command()
+def step(
+    ref: Annotated[str, typer.Argument(help="AGENT or AGENT@VERSION (a slug is pinned at launch)")],
+    input_file: Annotated[
+        Path, typer.Option("--input", "-i", help="The step's input: a text or JSON file.")
+    ],
+    schema: Annotated[
+        Path | None, typer.Option(help="JSON Schema file the deliverable must validate against.")
+    ] = None,
+    handoff: Annotated[bool, typer.Option(help="Wait for a human's approval.")] = False,
+    max_attempts: Annotated[int, typer.Option(help="Attempts (invalid deliverables).")] = 3,
+    api_url: Annotated[
+        str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
+    ] = None,
+) -> None:
+    """Run an agent as a workflow-agent step and show its progress and deliverable."""
+    import time
+
+    try:
+        text = input_file.read_text(encoding="utf-8")
+        body: dict[str, object] = {"agent": ref, "handoff": handoff}
+        try:
+            body["input"] = json.loads(text) if input_file.suffix == ".json" else text
+        except ValueError:
+            body["input"] = text
+        if schema is not None:
+            body["output_schema"] = json.loads(schema.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        err_console.print(f"[bold red]error[/] cannot read the input or schema: {exc}")
+        raise typer.Exit(1) from exc
+    body["retry"] = {"max_attempts": max_attempts}
+    with _api_client(api_url) as http:
+        launched = _checked(http.post("/v1/steps", json=body))
+        step_id = str(launched["step_id"])
+        console.print(f"[dim]{step_id} · {launched['agent']}@{launched['version']}[/]")
+        state: dict[str, object] = launched
+        with console.status("running …") as spinner:
+            while state["status"] not in STEP_DONE:
+                time.sleep(0.5)
+                state = _checked(http.get(f"/v1/steps/{step_id}"))
+                spinner.update(f"{state['status']} · attempt {state.get('attempts', 0)}")
+    console.print(f"status: [bold]{state['status']}[/] after {state['attempts']} attempt(s)")
+    if state.get("deliverable") is not None:
+        console.print_json(json.dumps(state["deliverable"]))
+    if state.get("error"):
+        console.print(f"[red]{escape(str(state['error']))}[/]")
+    if state["status"] == "awaiting_handoff":
+        console.print(
+            f"decide: POST /v1/steps/{step_id}/handoff "
+            '{"decision": "approve" | "revise" | "reject", "feedback": …}'
+        )
+    if state["status"] in ("failed", "rejected"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def usage(
+    by: Annotated[str, typer.Option(help="agent | session | step | day | model")] = "agent",
+    api_url: Annotated[
+        str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
+    ] = None,
+) -> None:
+    """Metered model usage (tokens, cost) grouped by agent, session, step, day or model."""
+    with _api_client(api_url) as http:
+        body = _checked(http.get("/v1/usage", params={"group_by": by}))
+        balance = _checked(http.get("/v1/balance"))["balance"]
+    table = Table(by, "requests", "tokens in", "tokens out", "cost (USD)", title="Usage")
+    for g in body["data"]:  # type: ignore[attr-defined]
+        table.add_row(
+            g["key"],
+            str(g["requests"]),
+            str(g["input_tokens"]),
+            str(g["output_tokens"]),
+            f"{g['cost_usd']:.6f}",
+        )
+    console.print(table)
+    console.print("balance: " + ("unlimited" if balance is None else f"${balance:.4f}"))
+
+
 # --- reviews (over the API), users and tokens (on the database) -----------------
 
 reviews_app = typer.Typer(help="Decide X-Agent policy reviews (talks to the API).")
