@@ -3,7 +3,7 @@
 Run from the repo root when a workflow change is *meant* to change commands
 (and gate it with ``workflow.patched``):
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
-legacy-tool-name, legacy-delegation-names, xagent, delegation; default all).
+legacy-tool-name, legacy-delegation-names, xagent, delegation, step; default all).
 Existing files are kept, so histories from older code stay in the suite.
 """
 
@@ -208,6 +208,36 @@ async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -
     await save(client, run.session_id, "cancel-cascade")
 
 
+async def step_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """A step whose first deliverable fails its schema, then a step approved after revise."""
+    from baton.contracts import HandoffDecision, StepRetry
+    from baton.db import StepRow
+    from tests.test_steps import FIX_ON_FEEDBACK, run_step
+
+    publish(engine, "summariser", playbook=FIX_ON_FEEDBACK)
+    retried = await run_step(client, engine, worker.task_queue, "summariser")
+    await client.get_workflow_handle(retried).result()
+    await save(client, retried, "step-schema-retry")
+
+    def status(step_id: str) -> str:
+        with session_scope(engine) as s:
+            row = s.get(StepRow, step_id)
+            return f"{row.status}:{row.attempts}" if row else ""
+
+    from tests.helpers import wait_for
+
+    handed = await run_step(
+        client, engine, worker.task_queue, "summariser", handoff=True, retry=StepRetry()
+    )
+    await wait_for(lambda: status(handed) == "awaiting_handoff:2")
+    handle = client.get_workflow_handle(handed)
+    await handle.signal("handoff", HandoffDecision(decision="revise", feedback="shorter"))
+    await wait_for(lambda: status(handed) == "awaiting_handoff:3")
+    await handle.signal("handoff", HandoffDecision(decision="approve"))
+    await handle.result()
+    await save(client, handed, "step-handoff")
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return sessions.get_session(s, session_id=session_id).status
@@ -219,6 +249,7 @@ SCENARIOS = {
     "legacy-delegation-names": legacy_delegation_names,
     "xagent": xagent_scenarios,
     "delegation": delegation_scenarios,
+    "step": step_scenarios,
 }
 
 

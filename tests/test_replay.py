@@ -10,6 +10,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from workflows.session import SessionWorkflow
+from workflows.step import AgentStepWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
@@ -31,11 +32,15 @@ def test_histories_are_checked_in() -> None:
     assert {"team-fan-out-v5", "team-route-v5", "cancel-cascade-v5"} <= names
     # Tools named delegate_to/task and an @mention, before those patches: still ordinary.
     assert "delegation-names-prepatch-v4" in names
+    # AgentStepWorkflow: a schema retry and a revise-then-approve handoff.
+    assert {"step-schema-retry-v6", "step-handoff-v6"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_without_nondeterminism(path: Path) -> None:
     """A recorded run replays cleanly: the workflow code still issues the same commands."""
-    replayer = Replayer(workflows=[SessionWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[SessionWorkflow, AgentStepWorkflow], data_converter=pydantic_data_converter
+    )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     await replayer.replay_workflow(history)
