@@ -9,6 +9,7 @@ import re
 import jsonschema
 from sqlalchemy.engine import Engine
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from baton import sessions
 from baton.contracts import DeliverableCheck, DeliverableResult, StepUpdate
@@ -31,7 +32,12 @@ def parse_deliverable(text: str, schema: dict[str, object] | None) -> Deliverabl
     except ValueError as exc:
         return DeliverableResult(ok=False, errors=[f"the reply is not JSON: {exc}"])
     validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    try:
+        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    except Exception as exc:  # referencing.Unresolvable and kin: the schema, not the reply
+        raise ApplicationError(
+            f"invalid_schema: the output schema cannot be applied: {exc}", non_retryable=True
+        ) from exc
     if not errors:
         return DeliverableResult(ok=True, deliverable=value)
     return DeliverableResult(

@@ -35,7 +35,7 @@ class BalancePublic(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"balance": 25.0}]})
 
     balance: float | None = Field(
-        default=None, ge=-1e12, le=1e12, allow_inf_nan=False, description="USD; null = unlimited."
+        ge=-1e12, le=1e12, allow_inf_nan=False, description="USD; null = unlimited (required)."
     )
 
 

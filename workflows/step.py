@@ -19,7 +19,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from activities.session import SessionActivities
@@ -87,6 +87,7 @@ class AgentStepWorkflow:
                 summary=f"load {inp.agent_pin}",
             )
         except ActivityError as err:
+            _reraise_cancel(err)
             return await self._finish("failed", error=_cause(err))
         prompt = _first_prompt(inp)
         while True:
@@ -96,18 +97,23 @@ class AgentStepWorkflow:
             try:
                 message_id = await self._attempt(agent, self._attempts, prompt)
             except ActivityError as err:
+                _reraise_cancel(err)
                 return await self._finish("failed", error=_cause(err))
             except ApplicationError as err:
                 return await self._finish("failed", error=str(err.message))
-            checked = await workflow.execute_activity_method(
-                StepActivities.check_deliverable,
-                DeliverableCheck(
-                    step_id=inp.step_id, message_id=message_id, output_schema=inp.output_schema
-                ),
-                start_to_close_timeout=STORE_TIMEOUT,
-                retry_policy=STORE_RETRY,
-                summary=f"check deliverable · attempt {self._attempts}",
-            )
+            try:
+                checked = await workflow.execute_activity_method(
+                    StepActivities.check_deliverable,
+                    DeliverableCheck(
+                        step_id=inp.step_id, message_id=message_id, output_schema=inp.output_schema
+                    ),
+                    start_to_close_timeout=STORE_TIMEOUT,
+                    retry_policy=STORE_RETRY,
+                    summary=f"check deliverable · attempt {self._attempts}",
+                )
+            except ActivityError as err:
+                _reraise_cancel(err)
+                return await self._finish("failed", error=_cause(err))
             if not checked.ok:
                 errors = "\n".join(f"- {e}" for e in checked.errors)
                 if self._attempts >= inp.retry.max_attempts:
@@ -127,8 +133,9 @@ class AgentStepWorkflow:
                 continue
             if not inp.handoff:
                 return await self._finish("completed", deliverable=checked.deliverable)
-            await self._update("awaiting_handoff", deliverable=checked.deliverable)
+            # Clear before the write: once the row says awaiting_handoff, a decision can land.
             self._decision = None
+            await self._update("awaiting_handoff", deliverable=checked.deliverable)
             try:
                 await workflow.wait_condition(
                     lambda: self._decision is not None,
@@ -246,6 +253,12 @@ def _first_prompt(inp: StepInput) -> str:
         f"{inp.input}\n\nReply with only a JSON value (no prose) that validates against "
         f"this JSON Schema:\n{schema}"
     )
+
+
+def _reraise_cancel(err: ActivityError) -> None:
+    """A cancelled activity (the step's timeout cancelled it) ends the step as a timeout."""
+    if isinstance(err.cause, CancelledError):
+        raise asyncio.CancelledError() from err
 
 
 def _cause(err: ActivityError) -> str:

@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 import jsonschema
 from fastapi import APIRouter, Path, Query, status
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 from temporalio.service import RPCError
 
 from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
@@ -97,6 +99,14 @@ class StepCreate(BaseModel):
             raise ValueError(f"output_schema is larger than {MAX_SCHEMA_BYTES} bytes")
         return value
 
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: str | dict[str, Any] | list[Any]) -> str | dict[str, Any] | list[Any]:
+        text = value if isinstance(value, str) else json.dumps(value)
+        if not text.strip() or len(text) > MAX_INPUT_CHARS:
+            raise ValueError(f"input must be 1..{MAX_INPUT_CHARS} characters and not blank")
+        return value
+
 
 class StepAccepted(BaseModel):
     """``202`` for a launched step."""
@@ -149,6 +159,33 @@ class StepPublic(BaseModel):
     updated_at: datetime
 
 
+def _check_schema(schema: dict[str, Any]) -> None:
+    """Raise InvalidSchema unless ``schema`` is a 2020-12 JSON Schema whose every ``$ref``
+    resolves inside it (a dangling ref would only fail once a deliverable is checked)."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidSchema(f"output_schema: {exc.message}", path="output_schema") from exc
+    resource = DRAFT202012.create_resource(schema)
+    resolver = Registry().with_resource("", resource).resolver()
+
+    def refs(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+            return found + [r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    for ref in refs(schema):
+        try:
+            resolver.lookup(ref)
+        except Exception as exc:  # referencing.exceptions.Unresolvable and kin
+            raise InvalidSchema(
+                f"output_schema: $ref {ref!r} does not resolve", path="output_schema"
+            ) from exc
+
+
 def _public(row: StepRow) -> StepPublic:
     return StepPublic(
         step_id=row.id,
@@ -179,10 +216,7 @@ async def create_step(
 ) -> StepAccepted:
     """Pin the agent, store the step and start its AgentStepWorkflow; poll GET for the result."""
     if body.output_schema is not None:
-        try:
-            jsonschema.Draft202012Validator.check_schema(body.output_schema)
-        except jsonschema.SchemaError as exc:
-            raise InvalidSchema(f"output_schema: {exc.message}", path="output_schema") from exc
+        _check_schema(body.output_schema)
     if caller.auth:
 
         def check() -> None:
@@ -191,8 +225,6 @@ async def create_step(
 
         await asyncio.to_thread(check)
     text = body.input if isinstance(body.input, str) else json.dumps(body.input)
-    if not text.strip() or len(text) > MAX_INPUT_CHARS:
-        raise InvalidSchema(f"input must be 1..{MAX_INPUT_CHARS} characters", path="input")
     step_id = f"step-{uuid.uuid4()}"
     inp = StepInput(
         step_id=step_id,
@@ -299,8 +331,8 @@ def get_usage(
     agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
     session_id: Annotated[str | None, Query(max_length=80)] = None,
     step_id: Annotated[str | None, Query(max_length=80)] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: AwareDatetime | None = None,
+    until: AwareDatetime | None = None,
 ) -> Page[metering.UsageGroup]:
     """Tokens in/out, requests and cost of every model call, summed per group."""
     rows = metering.usage(
