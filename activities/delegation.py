@@ -31,10 +31,11 @@ from activities.xagent import (
     store_result,
     stored_outcome,
 )
-from baton import delegations, launch, registry, roster, sessions, teams
+from baton import auth, delegations, launch, registry, roster, sessions, teams
 from baton.contracts import (
     CLOSED_STATUSES,
     LIMIT_EXCEEDED,
+    MAX_MESSAGE_CHARS,
     DelegateInput,
     Provenance,
     ResolvedAgent,
@@ -45,7 +46,7 @@ from baton.contracts import (
     ToolMessage,
     ToolOutcome,
 )
-from baton.db import DelegationRow, session_scope
+from baton.db import DelegationRow, SessionRow, session_scope
 from baton.errors import BatonError, EngineUnavailable
 
 #: Longest inline reply a delegation returns to the caller's model (characters).
@@ -118,6 +119,12 @@ def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
             LIMIT_EXCEEDED,
             f"nesting depth {inp.depth} exceeds the runtime ceiling {cfg.runtime_depth_ceiling}",
         )
+    if delegations.run_spawns(session, root_session_id=root) >= cfg.max_run_sessions:
+        raise Refused(
+            LIMIT_EXCEEDED,
+            f"this run already started {cfg.max_run_sessions} sessions (the deployment's "
+            "BATON_MAX_RUN_SESSIONS)",
+        )
     limits = inp.run_limits or ResolvedLimits()
     if limits.max_depth is not None and inp.depth > limits.max_depth:
         raise Refused(
@@ -146,7 +153,9 @@ def _with_memories(session: Session, channel: str, task: str) -> str:
     lines = "\n".join(
         f"- [{m.agent_slug}] {sessions.summarise(m.text, teams.MEMORY_CHARS)}" for m in found
     )
-    return f"{task}\n\nRelevant memories from the team's shared channel:\n{lines}"
+    block = f"\n\nRelevant memories from the team's shared channel:\n{lines}"
+    room = MAX_MESSAGE_CHARS - len(task)
+    return task + block[:room] if room > len(block) // 2 else task
 
 
 class DelegationActivities:
@@ -205,6 +214,16 @@ class DelegationActivities:
                         f"'{inp.target}' is not on the delegation roster "
                         "(agents with delegation.available_for_delegation)",
                     )
+            target_slug = agent.slug if agent else inp.target
+            if inp.config.auth and not auth.has_role(
+                s, user_id=inp.user, agent=target_slug, role="user"
+            ):
+                # The same ACL as invoke_agent: no delegation reaches an agent the user
+                # could not run directly (seed 003, 'Auth mode considerations').
+                raise Refused(
+                    "access_denied",
+                    f"user '{inp.user}' needs the user role on '{target_slug}' to delegate to it",
+                )
             if existing is None:
                 # Serialise this run's delegations: count-then-insert must not interleave, or
                 # parallel delegate_to calls could all pass max_spawns / token_budget.
@@ -215,7 +234,9 @@ class DelegationActivities:
                 delegation_id=inp.delegation_id,
                 root_session_id=root,
                 parent_session_id=inp.caller_session_id,
-                child_session_id=child_id,
+                # A continued session (invoke_agent with session_id) is not part of this run:
+                # no edge, so its other turns, limits and cancel stay its own.
+                child_session_id=None if inp.session_id is not None else child_id,
                 kind=inp.kind,
                 caller=caller,
                 target=agent.slug if agent else inp.target,
@@ -413,11 +434,9 @@ class DelegationActivities:
         def open_children() -> list[str]:
             with session_scope(self._engine) as s:
                 ids = delegations.descendants(s, session_id=session_id)
-                return [
-                    i
-                    for i in ids
-                    if sessions.get_session(s, session_id=i).status not in CLOSED_STATUSES
-                ]
+                rows = [s.get(SessionRow, i) for i in ids]
+                # A child whose launch failed has no session: nothing to cancel there.
+                return [r.id for r in rows if r is not None and r.status not in CLOSED_STATUSES]
 
         targets = await asyncio.to_thread(open_children)
         for child in targets:

@@ -161,12 +161,29 @@ def _result_from(row: MessageRow) -> ModelTurnResult:
     )
 
 
+#: Deepest nesting of tool-call arguments carried to the workflow: its payload decoder
+#: has a recursion limit the activity's encoder does not, so deeper args would wedge it.
+MAX_ARG_DEPTH = 32
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_ARG_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level + 1)
+    return level
+
+
 def _tool_call(part: ToolCallPart) -> ToolCall:
     try:
         args = part.args_as_dict()
-    except ValueError:
+    except (ValueError, RecursionError):
         # Malformed JSON from the model: the tool's schema check reports it back to the model.
-        args = {"_unparsed_arguments": str(part.args)}
+        args = {"_unparsed_arguments": str(part.args)[:2000]}
+    if _depth(args) > MAX_ARG_DEPTH:
+        args = {"_unparsed_arguments": f"arguments nested deeper than {MAX_ARG_DEPTH} levels"}
     return ToolCall(id=part.tool_call_id, name=part.tool_name, args=args)
 
 

@@ -159,6 +159,9 @@ class SessionConfig(BaseModel):
     max_steps_per_message: int = Field(
         default=12, description="Model calls one user message may cause (tool loops end here)."
     )
+    max_run_sessions: int = Field(
+        default=100, description="Sessions one run may start in all (every kind of delegation)."
+    )
     max_tool_calls_per_reply: int = Field(
         default=16,
         description="Tool calls of one model reply that run; each further one is refused.",
@@ -425,6 +428,12 @@ SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 SESSION_ID_PATTERN = r"^session-[0-9a-f-]{36}$"
 
 
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
 def _storable(value: str) -> str:
     """Text the database can store: no NUL, no unpaired surrogates (PostgreSQL, UTF-8)."""
     if "\x00" in value:
@@ -437,6 +446,7 @@ def _storable(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_storable)]
+Task = Annotated[str, AfterValidator(_storable), AfterValidator(_not_blank)]
 
 
 class _Args(BaseModel):
@@ -463,7 +473,7 @@ class InvokeAgentArgs(_Args):
     """``invoke_agent(slug, prompt, session_id?, sync=false)``."""
 
     slug: str = Field(pattern=SLUG_PATTERN, description="Target agent's slug (from list_agents).")
-    prompt: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="The message.")
+    prompt: Task = Field(min_length=1, max_length=MAX_MESSAGE_CHARS, description="The message.")
     session_id: str | None = Field(
         default=None,
         pattern=SESSION_ID_PATTERN,
@@ -622,7 +632,7 @@ class DelegateToArgs(_Args):
     """``delegate_to(agent_id, task)``."""
 
     agent_id: str = Field(pattern=SLUG_PATTERN, description="The teammate to hand the task to.")
-    task: Text = Field(
+    task: Task = Field(
         min_length=1,
         max_length=MAX_MESSAGE_CHARS,
         description="A self-contained task with all the context the teammate needs.",
@@ -633,7 +643,7 @@ class TaskArgs(_Args):
     """``task(alias, prompt)``: run a subagent of this agent's tree."""
 
     alias: str = Field(pattern=SLUG_PATTERN, description="The subagent's alias.")
-    prompt: Text = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    prompt: Task = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
 
 
 class RouteInput(BaseModel):

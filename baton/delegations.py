@@ -300,7 +300,7 @@ def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -
     """
     seen = _seen if _seen is not None else set()
     seen.add(session_id)
-    row = sessions.get_session(session, session_id=session_id)
+    row = sessions.get_session(session, session_id=session_id)  # the root must exist
     own = _usage(session, session_id)
     node = TraceNode(
         session_id=row.id,
@@ -332,6 +332,8 @@ def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -
         }
         if edge.child_session_id is None or edge.child_session_id in seen:
             continue
+        if session.get(SessionRow, edge.child_session_id) is None:
+            continue  # its launch failed: the edge has no session (its error is on the caller)
         child = trace(session, session_id=edge.child_session_id, _seen=seen)
         child.delegation = info
         node.children.append(child)

@@ -86,6 +86,12 @@ class Settings(BaseSettings):
         description='Model prices for metering, USD per million tokens: {"model": [in, out]}; '
         "pydantic-ai's price data wins where it knows the model.",
     )
+    max_run_sessions: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="Sessions one run may start in all, whatever its agents' limits say.",
+    )
     api_url: str = Field(
         default="http://127.0.0.1:8000",
         description="Where CLI commands that talk to the API (`baton reviews`) find it.",
@@ -120,6 +126,7 @@ class Settings(BaseSettings):
             delegation_timeout_s=self.delegation_timeout,
             runtime_depth_ceiling=self.runtime_depth_ceiling,
             prices=self.prices,
+            max_run_sessions=self.max_run_sessions,
         )
 
     def workflow_url(self, workflow_id: str) -> str:

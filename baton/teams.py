@@ -187,11 +187,24 @@ def _fill(row: TeamRow, team: TeamIn) -> None:
     row.updated_at = utcnow()
 
 
+def _check_channel(session: Session, team: TeamIn) -> None:
+    channel = team.shared_channel or f"_team_{team.id}"
+    other = session.exec(
+        select(TeamRow.id).where(TeamRow.shared_channel == channel, TeamRow.id != team.id)
+    ).first()
+    if other is not None:
+        # A channel is one team's memory: sharing it would read another team's results.
+        raise InvalidTeam(
+            f"shared_channel '{channel}' belongs to team '{other}'", path="shared_channel"
+        )
+
+
 def create_team(session: Session, *, team: TeamIn) -> TeamPublic:
-    """Store a new team. Raises TeamExists, AgentNotFound (a member)."""
+    """Store a new team. Raises TeamExists, AgentNotFound (a member), InvalidTeam."""
     if session.get(TeamRow, team.id) is not None:
         raise TeamExists(f"team '{team.id}' already exists")
     _check_members(session, team)
+    _check_channel(session, team)
     row = TeamRow(id=team.id, name="", supervisor_agent_id="", shared_channel="")
     _fill(row, team)
     session.add(row)
@@ -207,6 +220,7 @@ def put_team(session: Session, *, team_id: str, team: TeamIn) -> tuple[TeamPubli
     if row is None:
         return create_team(session, team=team), True
     _check_members(session, team)
+    _check_channel(session, team)
     _fill(row, team)
     session.add(row)
     session.flush()

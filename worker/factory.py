@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -76,15 +77,24 @@ async def connect(settings: Settings) -> Client:
 
 
 def build_worker(
-    client: Client, *, engine: Engine, task_queue: str, max_concurrent_activities: int = 256
+    client: Client,
+    *,
+    engine: Engine,
+    task_queue: str,
+    max_concurrent_activities: int = 2048,
+    activity_threads: int = 64,
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough."""
+    # Deliberate: many slots (async delegations wait in them) over a small thread pool.
+    warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
     return Worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
         activities=activities_for(engine, client),
-        activity_executor=ThreadPoolExecutor(max_workers=max_concurrent_activities),
+        # Slots are many because a sync delegation holds one while its child runs (async,
+        # no thread); blocking DB activities share the thread pool and queue there instead.
+        activity_executor=ThreadPoolExecutor(max_workers=activity_threads),
         max_concurrent_activities=max_concurrent_activities,
         workflow_runner=SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)

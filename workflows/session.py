@@ -150,13 +150,15 @@ class SessionWorkflow:
             )
             if workflow.patched(PATCH_CASCADE):
                 # Every open session delegated from this one (sync or async, any depth).
-                await workflow.execute_activity_method(
-                    DelegationActivities.cancel_delegations,
-                    inp.session_id,
-                    start_to_close_timeout=STORE_TIMEOUT,
-                    retry_policy=STORE_RETRY,
-                    summary="cancel delegations",
-                )
+                # Best effort: the session itself is cancelled whatever this reports.
+                with contextlib.suppress(ActivityError):
+                    await workflow.execute_activity_method(
+                        DelegationActivities.cancel_delegations,
+                        inp.session_id,
+                        start_to_close_timeout=STORE_TIMEOUT,
+                        retry_policy=STORE_RETRY,
+                        summary="cancel delegations",
+                    )
             raise
         except ActivityError as err:
             # The pin no longer resolves (retired/deleted since launch): end the session.
@@ -174,6 +176,7 @@ class SessionWorkflow:
                 config=inp.config,
                 agent=self._agent,
                 turn=self._turn,
+                team=self._inp.team,
             )
         )
 
@@ -727,6 +730,8 @@ class SessionWorkflow:
                 disable_delegation=self._inp.provenance.disable_delegation,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
+            # The delegation as a whole, retries included, is bounded by the same timeout.
+            schedule_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
             heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
             retry_policy=DELEGATE_RETRY,
             summary=f"{kind} → {alias or target}" + (" (sync)" if sync else "") + f" · turn {turn}",

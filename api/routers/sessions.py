@@ -174,6 +174,8 @@ async def create_session(
                         path="agent",
                     )
             caller.require(s, parse_ref(ref)[0], "user")
+            for member in team.members if team else []:
+                caller.require(s, member.agent_id, "user")  # a team run runs every member
             return ref, team
 
     ref, team = await asyncio.to_thread(route)
