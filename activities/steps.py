@@ -12,7 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from baton import sessions
-from baton.contracts import DeliverableCheck, DeliverableResult, StepUpdate
+from baton.contracts import STEP_CLOSED, DeliverableCheck, DeliverableResult, StepUpdate
 from baton.db import StepRow, session_scope, utcnow
 
 #: Validation errors fed back to the model per attempt.
@@ -68,7 +68,7 @@ class StepActivities:
         """Record the step's status, attempts, deliverable and error (closed states are final)."""
         with session_scope(self._engine) as s:
             row = s.get(StepRow, inp.step_id)
-            if row is None or row.status in ("completed", "failed", "rejected"):
+            if row is None or row.status in STEP_CLOSED:
                 return
             row.status = inp.status
             row.attempts = inp.attempts

@@ -14,12 +14,14 @@ from fastapi import APIRouter, Path, Query, status
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
+from sqlalchemy import func
+from sqlmodel import col, select
 from temporalio.service import RPCError
 
 from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
 from baton import launch, metering
-from baton.contracts import STEP_CLOSED, HandoffDecision, StepInput, StepRetry
+from baton.contracts import HandoffDecision, StepInput, StepRetry
 from baton.db import StepRow, session_scope
 from baton.errors import BatonError, Conflict, EngineUnavailable, NotFound
 from baton.schemas import MAX_OFFSET, Page
@@ -253,9 +255,6 @@ def list_steps(
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[StepPublic]:
     """Steps newest first (auth mode: of agents the user holds a role on)."""
-    from sqlalchemy import func
-    from sqlmodel import col, select
-
     conditions = []
     if agent is not None:
         conditions.append(col(StepRow.agent_slug) == agent)
@@ -361,6 +360,3 @@ def put_balance(
     metering.set_balance(session, amount=body.balance)
     session.commit()
     return body
-
-
-__all__ = ["STEP_CLOSED", "router", "usage_router"]
