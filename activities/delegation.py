@@ -24,13 +24,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import heartbeating
-from activities.xagent import (
-    SessionNotContinuable,
-    SessionOfOtherAgent,
-    store_result,
-    stored_outcome,
-)
+from activities.session import heartbeating, store_result, stored_outcome
+from activities.xagent import SessionNotContinuable, SessionOfOtherAgent
 from baton import auth, delegations, launch, registry, roster, sessions, teams
 from baton.contracts import (
     CLOSED_STATUSES,

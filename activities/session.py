@@ -51,6 +51,7 @@ from baton.contracts import (
     StatusChange,
     ToolCall,
     ToolInput,
+    ToolMessage,
     ToolOutcome,
     TurnFailure,
     Usage,
@@ -149,6 +150,47 @@ async def heartbeating() -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def stored_outcome(s: Session, message_id: str) -> ToolOutcome | None:
+    """The result stored for ``message_id`` by an earlier attempt, if any."""
+    done = sessions.get_message(s, message_id=message_id)
+    if done is None:
+        return None
+    return ToolOutcome(message_id=done.id, ok=not done.is_error, preview=done.text[:PREVIEW_CHARS])
+
+
+def store_result(
+    s: Session, tool: ToolMessage, text: str, *, ok: bool, duration_ms: int | None = None
+) -> ToolOutcome:
+    """Store a tool call's result (or error) as the ``tool`` message the model will read,
+    and forward it to the run's root when the session runs a delegation."""
+    sessions.add_message(
+        s,
+        message_id=tool.message_id,
+        session_id=tool.session_id,
+        position=tool.position,
+        role="tool",
+        agent_slug=tool.agent_slug,
+        text=text,
+        tool_name=tool.call.name,
+        tool_call_id=tool.call.id,
+        tool_args=tool.call.args,
+        is_error=not ok,
+    )
+    delegations.forward(
+        s,
+        tool.session_id,
+        "tool_result",
+        {
+            "tool": tool.call.name,
+            "tool_call_id": tool.call.id,
+            "content": text[:PREVIEW_CHARS],
+            "success": ok,
+            "duration_ms": duration_ms,
+        },
+    )
+    return ToolOutcome(message_id=tool.message_id, ok=ok, preview=text[:PREVIEW_CHARS])
 
 
 def _result_from(row: MessageRow) -> ModelTurnResult:
@@ -509,11 +551,9 @@ class SessionActivities:
     def run_tool(self, inp: ToolInput) -> ToolOutcome:
         """Run an ordinary tool once; bad arguments or failures become a tool error message."""
         with session_scope(self._engine) as s:
-            done = sessions.get_message(s, message_id=inp.message_id)
+            done = stored_outcome(s, inp.message_id)
             if done is not None:
-                return ToolOutcome(
-                    message_id=done.id, ok=not done.is_error, preview=done.text[:200]
-                )
+                return done
         started = time.monotonic()
         try:
             output, ok = run_tool(inp.call.name, inp.call.args, inp.allowed_tools), True
@@ -521,33 +561,16 @@ class SessionActivities:
             output, ok = str(exc), False
         except Exception as exc:  # a broken tool must reach the model, not fail the turn
             output, ok = f"tool '{inp.call.name}' failed: {type(exc).__name__}: {exc}", False
+        tool = ToolMessage(
+            session_id=inp.session_id,
+            agent_slug=inp.agent_slug,
+            message_id=inp.message_id,
+            position=inp.position,
+            call=inp.call,
+        )
+        elapsed_ms = int((time.monotonic() - started) * 1000)
         with session_scope(self._engine) as s:
-            sessions.add_message(
-                s,
-                message_id=inp.message_id,
-                session_id=inp.session_id,
-                position=inp.position,
-                role="tool",
-                agent_slug=inp.agent_slug,
-                text=output,
-                tool_name=inp.call.name,
-                tool_call_id=inp.call.id,
-                tool_args=inp.call.args,
-                is_error=not ok,
-            )
-            delegations.forward(
-                s,
-                inp.session_id,
-                "tool_result",
-                {
-                    "tool": inp.call.name,
-                    "tool_call_id": inp.call.id,
-                    "content": output[:PREVIEW_CHARS],
-                    "success": ok,
-                    "duration_ms": int((time.monotonic() - started) * 1000),
-                },
-            )
-        return ToolOutcome(message_id=inp.message_id, ok=ok, preview=output[:PREVIEW_CHARS])
+            return store_result(s, tool, output, ok=ok, duration_ms=elapsed_ms)
 
     @activity.defn(name="record_failure")
     def record_failure(self, inp: TurnFailure) -> None:

@@ -22,8 +22,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import PREVIEW_CHARS
-from baton import auth, delegations, policies, registry, reviews, sessions
+from activities.session import store_result, stored_outcome
+from baton import auth, policies, registry, reviews, sessions
 from baton.contracts import (
     AuthorizeInput,
     AuthorizeResult,
@@ -34,7 +34,6 @@ from baton.contracts import (
     ReviewDecision,
     SettleInput,
     SettleResult,
-    ToolMessage,
     ToolOutcome,
     XAgentCall,
 )
@@ -50,44 +49,6 @@ TRANSCRIPT_POLL_S = 0.25
 #: Longest a sync transcript read waits for a running turn (inside the 60 s tool timeout).
 TRANSCRIPT_WAIT_S = 45.0
 AUDIT_OUTCOME = {"allowed": "allow", "denied": "denied_by_user", "timed_out": "review_timeout"}
-
-
-def stored_outcome(s: Session, message_id: str) -> ToolOutcome | None:
-    """The result stored for ``message_id`` by an earlier attempt, if any."""
-    done = sessions.get_message(s, message_id=message_id)
-    if done is None:
-        return None
-    return ToolOutcome(message_id=done.id, ok=not done.is_error, preview=done.text[:PREVIEW_CHARS])
-
-
-def store_result(s: Session, tool: ToolMessage, text: str, *, ok: bool) -> ToolOutcome:
-    """Store a tool call's result (or error) as the ``tool`` message the model will read."""
-    sessions.add_message(
-        s,
-        message_id=tool.message_id,
-        session_id=tool.session_id,
-        position=tool.position,
-        role="tool",
-        agent_slug=tool.agent_slug,
-        text=text,
-        tool_name=tool.call.name,
-        tool_call_id=tool.call.id,
-        tool_args=tool.call.args,
-        is_error=not ok,
-    )
-    delegations.forward(
-        s,
-        tool.session_id,
-        "tool_result",
-        {
-            "tool": tool.call.name,
-            "tool_call_id": tool.call.id,
-            "content": text[:PREVIEW_CHARS],
-            "success": ok,
-            "duration_ms": None,
-        },
-    )
-    return ToolOutcome(message_id=tool.message_id, ok=ok, preview=text[:PREVIEW_CHARS])
 
 
 def _json(value: Any) -> str:
@@ -450,10 +411,6 @@ class XAgentActivities:
                 text += " " + " ".join(f"(calls {c['name']})" for c in m.tool_calls)
             lines.append(f"[{m.role}{' ' + m.agent_slug if m.role == 'assistant' else ''}] {text}")
         return "\n".join(lines)
-
-    def _stored(self, message_id: str) -> ToolOutcome | None:
-        with session_scope(self._engine) as s:
-            return stored_outcome(s, message_id)
 
 
 class SessionOfOtherAgent(BatonError):
