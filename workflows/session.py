@@ -325,6 +325,11 @@ class SessionWorkflow:
         await self._fail_text(f"{prefix}:limit", position(turn, 999, 3), error)
         raise ApplicationError(error, type="step_limit", non_retryable=True)
 
+    def _tool_message(
+        self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
+    ) -> ToolMessage:
+        return tool_message(self._inp.session_id, agent.slug, turn, step, index, call)
+
     def _dispatch(
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> Awaitable[ToolOutcome]:
@@ -380,13 +385,8 @@ class SessionWorkflow:
         )
         if decision.call is None:
             return False
-        tool = ToolMessage(
-            session_id=sid,
-            agent_slug=agent.slug,
-            message_id=f"{prefix}:s0:tool0",
-            position=position(turn, 0, 2, 0),
-            call=decision.call,
-        )
+        # The routed call is step 0's only tool call.
+        tool = self._tool_message(agent, turn, 0, 0, decision.call)
         try:
             await self._delegate(
                 tool, turn, kind=decision.kind, target=decision.target, prompt=msg.prompt
@@ -400,14 +400,7 @@ class SessionWorkflow:
     async def _too_many(
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> ToolOutcome:
-        sid = self._inp.session_id
-        tool = ToolMessage(
-            session_id=sid,
-            agent_slug=agent.slug,
-            message_id=f"{sid}:t{turn}:s{step}:tool{index}",
-            position=position(turn, step, 2, index),
-            call=call,
-        )
+        tool = self._tool_message(agent, turn, step, index, call)
         return await self._refuse(
             tool,
             "too_many_tool_calls",
@@ -475,21 +468,8 @@ class SessionWorkflow:
     async def _tool(
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> ToolOutcome:
-        sid = self._inp.session_id
-        return await workflow.execute_activity_method(
-            SessionActivities.run_tool,
-            ToolInput(
-                session_id=sid,
-                agent_slug=agent.slug,
-                message_id=f"{sid}:t{turn}:s{step}:tool{index}",
-                position=position(turn, step, 2, index),
-                call=call,
-                allowed_tools=agent.tools,
-            ),
-            start_to_close_timeout=TOOL_TIMEOUT,
-            retry_policy=STORE_RETRY,
-            summary=f"{call.name} · turn {turn}",
-        )
+        tool = self._tool_message(agent, turn, step, index, call)
+        return await run_ordinary_tool(tool, agent.tools, f"turn {turn}")
 
     # --- X-Agent tools (seed 000) and policy reviews (seed 003) --------------------
 
@@ -501,14 +481,7 @@ class SessionWorkflow:
         DESIGN §5: self-invocation and one-hop are refused before any policy;
         refusals go back to the model as tool errors.
         """
-        sid = self._inp.session_id
-        tool = ToolMessage(
-            session_id=sid,
-            agent_slug=agent.slug,
-            message_id=f"{sid}:t{turn}:s{step}:tool{index}",
-            position=position(turn, step, 2, index),
-            call=call,
-        )
+        tool = self._tool_message(agent, turn, step, index, call)
         operation = OPERATION_OF[call.name]
         try:
             args = XAGENT_ARGS[call.name].model_validate(call.args)
@@ -653,14 +626,7 @@ class SessionWorkflow:
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> ToolOutcome:
         """``delegate_to`` (seed 002) and ``task`` (seed 004): a delegation, always sync."""
-        sid = self._inp.session_id
-        tool = ToolMessage(
-            session_id=sid,
-            agent_slug=agent.slug,
-            message_id=f"{sid}:t{turn}:s{step}:tool{index}",
-            position=position(turn, step, 2, index),
-            call=call,
-        )
+        tool = self._tool_message(agent, turn, step, index, call)
         try:
             if call.name == "delegate_to":
                 wanted = DelegateToArgs.model_validate(call.args)
@@ -794,4 +760,36 @@ def _problems(exc: ValidationError) -> str:
     """Up to five argument problems, ``path: message``, for the model to correct."""
     return "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:5]
+    )
+
+
+def tool_message(
+    session_id: str, agent_slug: str, turn: int, step: int, index: int, call: ToolCall
+) -> ToolMessage:
+    """Where a tool call's result is stored: the id and position the workflow chooses
+    (``<session>:t<turn>:s<step>:tool<index>``), shared by sessions and steps."""
+    return ToolMessage(
+        session_id=session_id,
+        agent_slug=agent_slug,
+        message_id=f"{session_id}:t{turn}:s{step}:tool{index}",
+        position=position(turn, step, 2, index),
+        call=call,
+    )
+
+
+async def run_ordinary_tool(tool: ToolMessage, allowed: list[str], label: str) -> ToolOutcome:
+    """The ``run_tool`` activity for one ordinary tool call (summary ``<tool> · <label>``)."""
+    return await workflow.execute_activity_method(
+        SessionActivities.run_tool,
+        ToolInput(
+            session_id=tool.session_id,
+            agent_slug=tool.agent_slug,
+            message_id=tool.message_id,
+            position=tool.position,
+            call=tool.call,
+            allowed_tools=allowed,
+        ),
+        start_to_close_timeout=TOOL_TIMEOUT,
+        retry_policy=STORE_RETRY,
+        summary=f"{tool.call.name} · {label}",
     )

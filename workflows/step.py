@@ -34,10 +34,10 @@ with workflow.unsafe.imports_passed_through():
         StepInput,
         StepStatus,
         StepUpdate,
-        ToolInput,
         position,
     )
-    from workflows.options import STORE_RETRY, STORE_TIMEOUT, TOOL_TIMEOUT
+    from workflows.options import STORE_RETRY, STORE_TIMEOUT
+    from workflows.session import run_ordinary_tool, tool_message
 
 #: Attempts a step may make in all, revisions included (a handoff loop ends here).
 MAX_TOTAL_ATTEMPTS = 50
@@ -198,19 +198,10 @@ class AgentStepWorkflow:
                 return result.message_id
             await asyncio.gather(
                 *(
-                    workflow.execute_activity_method(
-                        SessionActivities.run_tool,
-                        ToolInput(
-                            session_id=sid,
-                            agent_slug=agent.slug,
-                            message_id=f"{sid}:t{attempt}:s{step}:tool{i}",
-                            position=position(attempt, step, 2, i),
-                            call=call,
-                            allowed_tools=agent.tools,
-                        ),
-                        start_to_close_timeout=TOOL_TIMEOUT,
-                        retry_policy=STORE_RETRY,
-                        summary=f"{call.name} · attempt {attempt}",
+                    run_ordinary_tool(
+                        tool_message(sid, agent.slug, attempt, step, i, call),
+                        agent.tools,
+                        f"attempt {attempt}",
                     )
                     for i, call in enumerate(result.tool_calls[: cfg.max_tool_calls_per_reply])
                 )
