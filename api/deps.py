@@ -52,6 +52,13 @@ class Caller:
         if self.auth:
             access.require(session, user_id=self.user, agent=agent, role=role)
 
+    def require_on(self, engine: Engine, agent: str, role: access.Role) -> None:
+        """:meth:`require` in a session of its own (for async routes, via ``to_thread``);
+        no database work at all with auth off."""
+        if self.auth:
+            with session_scope(engine) as s:
+                self.require(s, agent, role)
+
     def visible(self, session: Session, role: access.Role = "viewer") -> list[str] | None:
         """Slugs the user may see with ``role``; None = everything (auth off)."""
         return access.accessible(session, user_id=self.user, role=role) if self.auth else None

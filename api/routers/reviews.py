@@ -72,11 +72,6 @@ def _load(engine: Engine, caller: Caller, review_id: str) -> reviews.ReviewPubli
         return reviews.review_public(row)
 
 
-def _require_owner(engine: Engine, caller: Caller, agent: str) -> None:
-    with session_scope(engine) as s:
-        caller.require(s, agent, "owner")
-
-
 def _decision_id(engine: Engine, review_id: str) -> tuple[str, str | None]:
     with session_scope(engine) as s:
         row = reviews.get_review(s, review_id=review_id)
@@ -147,7 +142,7 @@ async def decide(
         )
     if body.decision == "always_allow" and caller.auth:
         # Saving a policy is a policy edit: owners only (deciding once needs the user role).
-        await asyncio.to_thread(_require_owner, engine, caller, review.caller)
+        await asyncio.to_thread(caller.require_on, engine, review.caller, "owner")
     if body.decision == "always_allow" and review.operation == "create":
         raise InvalidDecision(
             "create_agent always needs a review: it can be allowed once, never always",

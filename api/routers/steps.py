@@ -219,13 +219,7 @@ async def create_step(
     """Pin the agent, store the step and start its AgentStepWorkflow; poll GET for the result."""
     if body.output_schema is not None:
         _check_schema(body.output_schema)
-    if caller.auth:
-
-        def check() -> None:
-            with session_scope(engine) as s:
-                caller.require(s, parse_ref(body.agent)[0], "user")
-
-        await asyncio.to_thread(check)
+    await asyncio.to_thread(caller.require_on, engine, parse_ref(body.agent)[0], "user")
     text = body.input if isinstance(body.input, str) else json.dumps(body.input)
     step_id = f"step-{uuid.uuid4()}"
     inp = StepInput(
