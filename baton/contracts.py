@@ -434,8 +434,8 @@ def _not_blank(value: str) -> str:
     return value
 
 
-def _storable(value: str) -> str:
-    """Text the database can store: no NUL, no unpaired surrogates (PostgreSQL, UTF-8)."""
+def check_text(value: str) -> str:
+    """Refuse NUL characters and unpaired surrogates (PostgreSQL and UTF-8 cannot store them)."""
     if "\x00" in value:
         raise ValueError("text must not contain NUL characters")
     try:
@@ -445,8 +445,9 @@ def _storable(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_storable)]
-Task = Annotated[str, AfterValidator(_storable), AfterValidator(_not_blank)]
+#: Text the database can store (agent specs, API bodies and tool arguments alike).
+SafeText = Annotated[str, AfterValidator(check_text)]
+Task = Annotated[str, AfterValidator(check_text), AfterValidator(_not_blank)]
 
 
 class _Args(BaseModel):
@@ -460,11 +461,13 @@ class ListAgentsArgs(_Args):
 class CreateAgentArgs(_Args):
     """``create_agent(name, description?, instructions?)``."""
 
-    name: Text = Field(min_length=1, max_length=200, description="Display name of the new agent.")
-    description: Text | None = Field(
+    name: SafeText = Field(
+        min_length=1, max_length=200, description="Display name of the new agent."
+    )
+    description: SafeText | None = Field(
         default=None, max_length=2000, description="One-line description."
     )
-    instructions: Text | None = Field(
+    instructions: SafeText | None = Field(
         default=None, max_length=100_000, description="The new agent's system prompt."
     )
 
@@ -538,7 +541,7 @@ class ReviewDecision(BaseModel):
     review_id: str = Field(max_length=80)
     decision: Decision
     scope: Literal["target", "all"] | None = None
-    decided_by: Text = Field(default="temporal-cli", min_length=1, max_length=200)
+    decided_by: SafeText = Field(default="temporal-cli", min_length=1, max_length=200)
     decision_id: str | None = Field(default=None, max_length=80)
 
 
@@ -719,7 +722,7 @@ class HandoffDecision(BaseModel):
     )
 
     decision: Literal["approve", "revise", "reject"]
-    feedback: Text | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
+    feedback: SafeText | None = Field(default=None, max_length=MAX_MESSAGE_CHARS)
 
 
 class StepUpdate(BaseModel):

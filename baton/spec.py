@@ -21,7 +21,6 @@ from typing import Annotated, Any, Literal
 
 import regex
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -30,6 +29,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from baton.contracts import SafeText as SafeText  # re-exported: specs and API bodies use it
+from baton.contracts import check_text
 from baton.errors import DuplicateAlias, TreeTooDeep, TreeTooLarge
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -69,20 +70,6 @@ MAX_ARGS_JSON_CHARS = 16_000
 #: Run-time bound on one playbook pattern match (seconds); a pathological pattern
 #: simply does not match rather than stalling a model turn.
 PATTERN_TIMEOUT_S = 0.05
-
-
-def check_text(value: str) -> str:
-    """Refuse NUL characters and unpaired surrogates (PostgreSQL and UTF-8 cannot store them)."""
-    if "\x00" in value:
-        raise ValueError("text must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError("text must be valid Unicode (no unpaired surrogates)") from exc
-    return value
-
-
-SafeText = Annotated[str, AfterValidator(check_text)]
 
 
 def _check_json_value(value: Any, depth: int = 0) -> None:
