@@ -12,15 +12,16 @@ revisions (``agent_revisions``) and the live pointer (``agent_live_pointers``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy import func
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.types import TypeDecorator
-from sqlmodel import Field, Session, SQLModel, create_engine
+from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 
 def utcnow() -> datetime:
@@ -408,6 +409,27 @@ def make_engine(database_url: str) -> Engine:
 def init_db(engine: Engine) -> None:
     """Create missing tables (idempotent)."""
     SQLModel.metadata.create_all(engine)
+
+
+RowT = TypeVar("RowT", bound=SQLModel)
+
+
+def page(
+    session: Session,
+    model: type[RowT],
+    *,
+    where: Sequence[Any] = (),
+    order_by: Sequence[Any],
+    limit: int,
+    offset: int,
+) -> tuple[list[RowT], int]:
+    """One page of ``model`` rows matching ``where`` in ``order_by`` order, and the total
+    count of matching rows (every list endpoint: ``{"data": [...], "count": N}``)."""
+    total = session.exec(select(func.count()).select_from(model).where(*where)).one()
+    rows = session.exec(
+        select(model).where(*where).order_by(*order_by).offset(offset).limit(limit)
+    ).all()
+    return list(rows), int(total)
 
 
 @contextmanager

@@ -14,7 +14,15 @@ from sqlmodel import Session, col, select
 
 from baton import auth, policies
 from baton.contracts import CLOSED_STATUSES, ResolvedAgent
-from baton.db import Agent, AgentDraft, AgentLivePointer, AgentRevision, SessionRow, utcnow
+from baton.db import (
+    Agent,
+    AgentDraft,
+    AgentLivePointer,
+    AgentRevision,
+    SessionRow,
+    page,
+    utcnow,
+)
 from baton.errors import (
     AgentExists,
     AgentInUse,
@@ -150,11 +158,7 @@ def list_agents(
 ) -> tuple[list[Agent], int]:
     """Agents ordered by slug, and the total count; ``only`` limits to those slugs (ACL)."""
     where = [col(Agent.slug).in_(only)] if only is not None else []
-    total = session.exec(select(func.count()).select_from(Agent).where(*where)).one()
-    rows = session.exec(
-        select(Agent).where(*where).order_by(col(Agent.slug)).offset(offset).limit(limit)
-    ).all()
-    return list(rows), int(total)
+    return page(session, Agent, where=where, order_by=[col(Agent.slug)], limit=limit, offset=offset)
 
 
 def update_agent(

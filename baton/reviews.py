@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from baton.db import AuditRow, ReviewRow, utcnow
+from baton.db import AuditRow, ReviewRow, page, utcnow
 from baton.errors import Conflict, NotFound
 
 ReviewStatus = Literal["pending", "allowed", "denied", "timed_out", "cancelled"]
@@ -192,15 +192,10 @@ def list_reviews(
         conditions.append(col(ReviewRow.session_id) == session_id)
     if callers is not None:
         conditions.append(col(ReviewRow.caller_agent_slug).in_(callers))
-    total = session.exec(select(func.count()).select_from(ReviewRow).where(*conditions)).one()
-    rows = session.exec(
-        select(ReviewRow)
-        .where(*conditions)
-        .order_by(col(ReviewRow.created_at).desc(), col(ReviewRow.id))
-        .offset(offset)
-        .limit(limit)
-    ).all()
-    return list(rows), int(total)
+    newest_first = [col(ReviewRow.created_at).desc(), col(ReviewRow.id)]
+    return page(
+        session, ReviewRow, where=conditions, order_by=newest_first, limit=limit, offset=offset
+    )
 
 
 def pending_for(session: Session, *, caller: str, operation: str) -> list[ReviewRow]:
@@ -294,12 +289,7 @@ def list_audit(
             conditions.append(col(column) == value)
     if callers is not None:
         conditions.append(col(AuditRow.caller_agent_slug).in_(callers))
-    total = session.exec(select(func.count()).select_from(AuditRow).where(*conditions)).one()
-    rows = session.exec(
-        select(AuditRow)
-        .where(*conditions)
-        .order_by(col(AuditRow.id).desc())
-        .offset(offset)
-        .limit(limit)
-    ).all()
-    return list(rows), int(total)
+    newest_first = [col(AuditRow.id).desc()]
+    return page(
+        session, AuditRow, where=conditions, order_by=newest_first, limit=limit, offset=offset
+    )

@@ -14,12 +14,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
-from baton.db import EventRow, MessageRow, SessionRow, utcnow
+from baton.db import EventRow, MessageRow, SessionRow, page, utcnow
 from baton.errors import SessionNotFound
 
 SUMMARY_CHARS = 300
@@ -186,20 +185,13 @@ def list_sessions(
     agents: list[str] | None = None,
 ) -> tuple[list[SessionRow], int]:
     """Sessions newest first (optionally of one agent, or of ``agents``), and the total count."""
-    stmt = select(SessionRow)
-    count = select(func.count()).select_from(SessionRow)
+    where = []
     if agent is not None:
-        stmt = stmt.where(SessionRow.agent_slug == agent)
-        count = count.where(SessionRow.agent_slug == agent)
+        where.append(col(SessionRow.agent_slug) == agent)
     if agents is not None:
-        stmt = stmt.where(col(SessionRow.agent_slug).in_(agents))
-        count = count.where(col(SessionRow.agent_slug).in_(agents))
-    rows = session.exec(
-        stmt.order_by(col(SessionRow.created_at).desc(), col(SessionRow.id))
-        .offset(offset)
-        .limit(limit)
-    ).all()
-    return list(rows), int(session.exec(count).one())
+        where.append(col(SessionRow.agent_slug).in_(agents))
+    newest_first = [col(SessionRow.created_at).desc(), col(SessionRow.id)]
+    return page(session, SessionRow, where=where, order_by=newest_first, limit=limit, offset=offset)
 
 
 def append_event(session: Session, *, session_id: str, type: str, data: dict[str, Any]) -> None:

@@ -15,11 +15,10 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from baton.contracts import TeamMemberSnapshot, TeamSnapshot
-from baton.db import Agent, ChannelMemory, TeamRow, utcnow
+from baton.db import Agent, ChannelMemory, TeamRow, page, utcnow
 from baton.errors import AgentNotFound, BatonError, Conflict, NotFound
 from baton.spec import SLUG_PATTERN, SafeText, compile_pattern, pattern_matches
 
@@ -239,9 +238,8 @@ def list_teams(
     session: Session, *, limit: int = 50, offset: int = 0
 ) -> tuple[list[TeamPublic], int]:
     """Teams by id, and the total."""
-    total = session.exec(select(func.count()).select_from(TeamRow)).one()
-    rows = session.exec(select(TeamRow).order_by(col(TeamRow.id)).offset(offset).limit(limit)).all()
-    return [_public(r) for r in rows], int(total)
+    rows, total = page(session, TeamRow, order_by=[col(TeamRow.id)], limit=limit, offset=offset)
+    return [_public(r) for r in rows], total
 
 
 def delete_team(session: Session, *, team_id: str) -> None:

@@ -14,15 +14,14 @@ from fastapi import APIRouter, Path, Query, status
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
-from sqlalchemy import func
-from sqlmodel import col, select
+from sqlmodel import col
 from temporalio.service import RPCError
 
 from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
 from baton import launch, metering
 from baton.contracts import HandoffDecision, StepInput, StepRetry
-from baton.db import StepRow, session_scope
+from baton.db import StepRow, page, session_scope
 from baton.errors import BatonError, Conflict, EngineUnavailable, NotFound
 from baton.schemas import MAX_OFFSET, Page
 from baton.spec import REF_PATTERN, SafeText, parse_ref
@@ -255,15 +254,11 @@ def list_steps(
     visible = caller.visible(session)
     if visible is not None:
         conditions.append(col(StepRow.agent_slug).in_(visible))
-    total = session.exec(select(func.count()).select_from(StepRow).where(*conditions)).one()
-    rows = session.exec(
-        select(StepRow)
-        .where(*conditions)
-        .order_by(col(StepRow.created_at).desc(), col(StepRow.id))
-        .offset(offset)
-        .limit(limit)
-    ).all()
-    return Page(data=[_public(r) for r in rows], count=int(total))
+    newest_first = [col(StepRow.created_at).desc(), col(StepRow.id)]
+    rows, total = page(
+        session, StepRow, where=conditions, order_by=newest_first, limit=limit, offset=offset
+    )
+    return Page(data=[_public(r) for r in rows], count=total)
 
 
 def _get(session: Any, step_id: str) -> StepRow:
