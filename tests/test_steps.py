@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -22,7 +19,6 @@ from baton.contracts import HandoffDecision, SessionConfig, StepInput, StepRetry
 from baton.db import StepRow, UsageRow, session_scope
 from baton.errors import TurnFailed
 from baton.launch import launch_step
-from tests.conftest import venv_bin
 from tests.helpers import TEST_CONFIG, launch, publish, transcript, wait_for
 from worker.factory import build_worker
 
@@ -228,19 +224,6 @@ async def test_a_stream_is_cut_when_the_balance_runs_out_mid_reply(
         balance = metering.get_balance(s)
     assert 20 <= row.output_tokens < 200 / 2  # cut well before the 200 words (≈250 tokens)
     assert balance is not None and balance <= 0
-
-
-@pytest_asyncio.fixture(scope="module")
-async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server (steps use Signals and timers only)."""
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=venv_bin("temporal-test-server"),
-        data_converter=pydantic_data_converter,
-    )
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 async def skip_until(env: WorkflowEnvironment, engine: Engine, step_id: str, status: str) -> None:

