@@ -32,6 +32,7 @@ from baton.launch import Launched, launch_session
 from baton.spec import AgentSpec
 from tests.helpers import TEST_CONFIG, publish, wait_for
 from tests.helpers import launch as launch_agent
+from tests.test_teams import team_run
 
 ON_ROSTER = {"available_for_delegation": True}
 
@@ -172,31 +173,6 @@ def make_team(
     }
     with session_scope(engine) as s:
         teams.create_team(s, team=teams.TeamIn.model_validate(body))
-
-
-async def team_run(
-    env: WorkflowEnvironment,
-    engine: Engine,
-    worker: Worker,
-    prompt: str,
-    *,
-    sync: bool = True,
-    provenance: Provenance | None = None,
-) -> Launched:
-    """Launch a run of team ``desk`` as the API does."""
-    with session_scope(engine) as s:
-        snap = teams.snapshot(s, team_id="desk")
-    return await launch_session(
-        env.client,
-        engine,
-        task_queue=worker.task_queue,
-        config=TEST_CONFIG,
-        ref=next(m.pin for m in snap.members if m.role == "supervisor"),
-        prompt=prompt,
-        provenance=provenance or Provenance(team=snap.id),
-        sync=sync,
-        team=snap,
-    )
 
 
 async def run(

@@ -63,6 +63,7 @@ async def team_run(
     *,
     sync: bool = True,
     config: SessionConfig = TEST_CONFIG,
+    provenance: Provenance | None = None,
 ) -> Launched:
     """Launch a team run of team ``desk`` as the API does."""
     with session_scope(engine) as s:
@@ -74,7 +75,7 @@ async def team_run(
         config=config,
         ref=next(m.pin for m in snap.members if m.role == "supervisor"),
         prompt=prompt,
-        provenance=Provenance(team=snap.id),
+        provenance=provenance or Provenance(team=snap.id),
         sync=sync,
         team=snap,
     )
