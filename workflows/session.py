@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         ReviewDecision,
         ReviewOutcome,
         RouteInput,
+        SessionConfig,
         SessionInput,
         SessionStatus,
         SettleInput,
@@ -287,7 +288,7 @@ class SessionWorkflow:
         cfg = self._inp.config
         prefix = f"{sid}:t{turn}"
         usage = Usage()
-        user: tuple[str, str, str] | None = (f"{prefix}:user", msg.prompt, position(turn, 0, 0))
+        user: str | None = msg.prompt  # stored with the first model call of the turn
         routable = self._may_route(agent, msg) and workflow.patched(PATCH_ROUTING)
         if routable and await self._route(agent, turn, msg):
             user = None  # stored by the route, with the routed call and its result
@@ -437,26 +438,20 @@ class SessionWorkflow:
         return self._inp.provenance.root_session_id or self._inp.session_id
 
     async def _model_turn(
-        self, agent: ResolvedAgent, turn: int, step: int, user: tuple[str, str, str] | None
+        self, agent: ResolvedAgent, turn: int, step: int, user: str | None
     ) -> ModelTurnResult:
         cfg = self._inp.config
-        sid = self._inp.session_id
         return await workflow.execute_activity_method(
             SessionActivities.model_turn,
-            ModelTurnInput(
-                session_id=sid,
-                agent_slug=agent.slug,
-                turn=turn,
-                step=step,
-                assistant_message_id=f"{sid}:t{turn}:s{step}:assistant",
-                position=position(turn, step, 1),
-                user_message_id=user[0] if user else None,
-                user_text=user[1] if user else None,
-                user_position=user[2] if user else None,
-                default_model=cfg.default_model,
+            model_turn_input(
+                self._inp.session_id,
+                agent.slug,
+                turn,
+                step,
+                cfg,
+                user,
                 delegation=self._offer(agent),
                 run_root=self._root,
-                prices=cfg.prices,
                 token_budget=self._run_limits(agent).token_budget,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
@@ -760,6 +755,34 @@ def _problems(exc: ValidationError) -> str:
     """Up to five argument problems, ``path: message``, for the model to correct."""
     return "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:5]
+    )
+
+
+def model_turn_input(
+    session_id: str,
+    agent_slug: str,
+    turn: int,
+    step: int,
+    cfg: SessionConfig,
+    user_text: str | None,
+    **extra: Any,
+) -> ModelTurnInput:
+    """The ``model_turn`` input: the ids and positions the workflow chooses for the reply
+    (and, on a turn's first call, its user message), shared by sessions and steps."""
+    first = user_text is not None
+    return ModelTurnInput(
+        session_id=session_id,
+        agent_slug=agent_slug,
+        turn=turn,
+        step=step,
+        assistant_message_id=f"{session_id}:t{turn}:s{step}:assistant",
+        position=position(turn, step, 1),
+        user_message_id=f"{session_id}:t{turn}:user" if first else None,
+        user_text=user_text,
+        user_position=position(turn, 0, 0) if first else None,
+        default_model=cfg.default_model,
+        prices=cfg.prices,
+        **extra,
     )
 
 

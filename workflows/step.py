@@ -29,15 +29,13 @@ with workflow.unsafe.imports_passed_through():
         DeliverableCheck,
         HandoffDecision,
         LoadAgentInput,
-        ModelTurnInput,
         ResolvedAgent,
         StepInput,
         StepStatus,
         StepUpdate,
-        position,
     )
     from workflows.options import STORE_RETRY, STORE_TIMEOUT
-    from workflows.session import run_ordinary_tool, tool_message
+    from workflows.session import model_turn_input, run_ordinary_tool, tool_message
 
 #: Attempts a step may make in all, revisions included (a handoff loop ends here).
 MAX_TOTAL_ATTEMPTS = 50
@@ -171,23 +169,11 @@ class AgentStepWorkflow:
             maximum_interval=timedelta(seconds=max(60.0, inp.retry.initial_interval_s)),
             maximum_attempts=inp.retry.max_attempts,
         )
-        user: tuple[str, str] | None = (f"{sid}:t{attempt}:user", prompt)
+        user: str | None = prompt  # stored with the attempt's first model call
         for step in range(1, cfg.max_steps_per_message + 1):
             result = await workflow.execute_activity_method(
                 SessionActivities.model_turn,
-                ModelTurnInput(
-                    session_id=sid,
-                    agent_slug=agent.slug,
-                    turn=attempt,
-                    step=step,
-                    assistant_message_id=f"{sid}:t{attempt}:s{step}:assistant",
-                    position=position(attempt, step, 1),
-                    user_message_id=user[0] if user else None,
-                    user_text=user[1] if user else None,
-                    user_position=position(attempt, 0, 0) if user else None,
-                    default_model=cfg.default_model,
-                    prices=cfg.prices,
-                ),
+                model_turn_input(sid, agent.slug, attempt, step, cfg, user),
                 start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
                 heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
                 retry_policy=retry,
