@@ -214,6 +214,11 @@ async def test_a_repeated_delegation_send_leaves_the_session_idle(
     """Re-sending a finished idempotent message (a retried delegation) does not mark it running."""
     publish(db_engine, "echo", playbook=[{"reply": "hi"}])
     run = await launch(temporal_env.client, db_engine, worker, "echo", "one")
+
+    def replied(turns: int) -> bool:
+        roles = [r for r, _ in transcript(db_engine, run.session_id)]
+        return roles.count("assistant") >= turns
+
     for _ in range(2):
         await launching.send_message(
             temporal_env.client,
@@ -223,7 +228,9 @@ async def test_a_repeated_delegation_send_leaves_the_session_idle(
             sync=False,
             update_id="same-delegation",
         )
-        await wait_for(lambda: status(db_engine, run.session_id) == "idle")
+        # Idle only once the second turn's reply is stored: before it, the stored status is
+        # still the first turn's idle, which proves nothing.
+        await wait_for(lambda: replied(2) and status(db_engine, run.session_id) == "idle")
     await asyncio.sleep(0.3)
     assert status(db_engine, run.session_id) == "idle"
     assert [r for r, _ in transcript(db_engine, run.session_id)].count("user") == 2
