@@ -340,7 +340,7 @@ class SessionActivities:
     def _cancelled(s: Session, session_id: str) -> bool:
         # A cancel reaches a running activity only with its next heartbeat (up to 0.8 x
         # the heartbeat timeout later): until then, write nothing for a cancelled session.
-        return sessions.get_session(s, session_id=session_id).status in CLOSED_STATUSES
+        return sessions.is_closed(s, session_id=session_id)
 
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
         with session_scope(self._engine) as s:

@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
-from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from baton import sessions
@@ -110,22 +109,9 @@ def finish(
 
 
 def lock_run(session: Session, *, root_session_id: str) -> None:
-    """Take the run's write lock until the transaction ends (its root session row).
-
-    PostgreSQL locks the row; SQLite takes the database write lock with a no-op
-    UPDATE (it has no row locks). Concurrent delegations of one run then check
-    their limits one after another.
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        session.exec(
-            select(SessionRow.id).where(SessionRow.id == root_session_id).with_for_update()
-        )
-    else:
-        session.execute(
-            sa_update(SessionRow)
-            .where(col(SessionRow.id) == root_session_id)
-            .values(id=SessionRow.id)
-        )
+    """Take the run's write lock until the transaction ends (its root session row), so
+    concurrent delegations of one run check their limits one after another."""
+    sessions.lock_session(session, session_id=root_session_id)
 
 
 def context(session: Session, session_id: str) -> tuple[str, str, str] | None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select as sa_select
+from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
@@ -199,12 +200,55 @@ def append_event(session: Session, *, session_id: str, type: str, data: dict[str
     session.add(EventRow(session_id=session_id, type=type, data=data))
 
 
+def lock_session(session: Session, *, session_id: str) -> None:
+    """Take ``session_id``'s row lock until the transaction ends.
+
+    PostgreSQL locks the row; SQLite takes the database write lock with a no-op
+    UPDATE (it has no row locks, and its driver opens no transaction for a bare
+    SELECT, so a status read without this can go stale before the next write).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.exec(select(SessionRow.id).where(SessionRow.id == session_id).with_for_update())
+    else:
+        session.execute(
+            sa_update(SessionRow).where(col(SessionRow.id) == session_id).values(id=SessionRow.id)
+        )
+
+
+def is_closed(session: Session, *, session_id: str) -> bool:
+    """Whether ``session_id`` is cancelled or failed, read under its row lock.
+
+    A writer that checks this and then writes in the same transaction cannot land
+    after the ``cancelled`` status event: the cancel waits for the lock, or the
+    writer sees it.
+    """
+    return current_status(session, session_id=session_id) in CLOSED_STATUSES
+
+
+def current_status(session: Session, *, session_id: str) -> str:
+    """``session_id``'s committed status, read under its row lock (a column query, so
+    a row this transaction loaded earlier cannot answer with a stale value).
+
+    Raises SessionNotFound.
+    """
+    lock_session(session, session_id=session_id)
+    found = session.exec(select(SessionRow.status).where(SessionRow.id == session_id)).first()
+    if found is None:
+        raise SessionNotFound(f"no session '{session_id}'")
+    return found
+
+
 def set_status(session: Session, *, session_id: str, status: SessionStatus) -> None:
-    """Record a status change and its ``status`` event."""
-    row = get_session(session, session_id=session_id)
-    if row.status in CLOSED_STATUSES:  # terminal: late writers (an abandoned turn) cannot reopen
+    """Record a status change and its ``status`` event.
+
+    Takes the session's row lock first, so the ``status`` event is ordered after
+    any event a writer holding the lock (see :func:`is_closed`) adds.
+    """
+    current = current_status(session, session_id=session_id)
+    if current in CLOSED_STATUSES:  # terminal: late writers cannot reopen
         return
-    if row.status != status:
+    if current != status:
+        row = get_session(session, session_id=session_id)
         row.status = status
         row.last_activity_at = utcnow()
         session.add(row)

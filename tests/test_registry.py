@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC
 from typing import Any
 
@@ -406,3 +407,37 @@ def test_closed_session_status_is_terminal(session: Session) -> None:
     store.set_status(session, session_id="s1", status="cancelled")
     store.set_status(session, session_id="s1", status="idle")
     assert store.get_session(session, session_id="s1").status == "cancelled"
+
+
+def test_closed_check_holds_off_a_concurrent_cancel(engine: Engine) -> None:
+    """A writer that saw the session open commits its event before a racing cancel's status."""
+    from baton import sessions as store
+    from baton.contracts import Provenance
+    from baton.db import session_scope
+
+    with session_scope(engine) as s:
+        put(s, "a", system_prompt="x")
+        store.create_session(
+            s, session_id="s1", agent_slug="a", agent_version=1, provenance=Provenance(), name="n"
+        )
+        store.set_status(s, session_id="s1", status="running")
+    cancelled = threading.Event()
+
+    def cancel() -> None:
+        with session_scope(engine) as s:
+            store.set_status(s, session_id="s1", status="cancelled")
+        cancelled.set()
+
+    with session_scope(engine) as s:
+        assert not store.is_closed(s, session_id="s1")
+        racer = threading.Thread(target=cancel)
+        racer.start()
+        # The cancel must wait for this transaction's lock, however long it takes.
+        assert not cancelled.wait(0.5)
+        store.append_event(s, session_id="s1", type="chunk", data={"text": "late"})
+    racer.join(10)
+    assert cancelled.is_set()
+    with session_scope(engine) as s:
+        kinds = [e.type for e in store.events_after(s, session_id="s1")]
+        assert kinds[-2:] == ["chunk", "status"]
+        assert store.is_closed(s, session_id="s1")

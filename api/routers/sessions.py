@@ -326,8 +326,10 @@ async def stream_events(
 
     def fetch(after_id: int) -> tuple[list[tuple[int, str, str]], str]:
         with session_scope(engine) as s:
-            rows = sessions.events_after(s, session_id=session_id, after=after_id)
+            # Status first: a SQLite SELECT runs outside any snapshot, and a status
+            # read after the events could see a cancel whose event the read missed.
             state = sessions.get_session(s, session_id=session_id).status
+            rows = sessions.events_after(s, session_id=session_id, after=after_id)
             return [(r.id or 0, r.type, json.dumps(r.data)) for r in rows], state
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
