@@ -442,9 +442,13 @@ class SessionActivities:
             offer = inp.delegation
             if offer is not None and "delegate_to" not in agent.blocked_tools:
                 if offer.team is not None:
+                    # A lead-only team (seed 002 allows zero specialists) has nobody to
+                    # delegate to: no delegate_to (an empty enum is invalid JSON Schema).
                     team = [(m.agent_id, m.hint) for m in offer.team.specialists()]
-                    tools.append(delegate_to_tool(team))
-                    system_prompt = f"{system_prompt}\n\n{roster.team_block(offer.team)}".strip()
+                    if team:
+                        tools.append(delegate_to_tool(team))
+                        brief = roster.team_block(offer.team)
+                        system_prompt = f"{system_prompt}\n\n{brief}".strip()
                 elif entries:
                     tools.append(delegate_to_tool(entries))
                     system_prompt = f"{system_prompt}\n\n{roster.roster_block(entries)}".strip()

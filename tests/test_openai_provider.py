@@ -204,3 +204,35 @@ async def test_retried_attempt_records_the_provider_error(
     # error must still be there, not a failure-conversion error.
     recorded = str(retried.last_failure)
     assert "status_code: 500" in recorded and "recursion" not in recorded
+
+
+async def test_team_lead_is_offered_delegate_to_only_with_specialists(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker, stub: OpenAIStub
+) -> None:
+    """A lead-only team offers no delegate_to; one specialist gives an enum of exactly it."""
+    from baton import teams
+    from tests.test_teams import team_run
+
+    publish(db_engine, "solo-lead", model="openai-chat:stub-model", system_prompt="Lead.")
+    publish(db_engine, "helper", playbook=[{"reply": "ok"}])
+    lead = {"agent_id": "solo-lead", "role": "supervisor"}
+    with session_scope(db_engine) as s:
+        for team_id, members in (
+            ("lone", [lead]),
+            ("pair", [lead, {"agent_id": "helper", "delegation_hint": "helps"}]),
+        ):
+            team = {"id": team_id, "name": team_id, "supervisor_agent_id": "solo-lead"}
+            teams.create_team(s, team=teams.TeamIn.model_validate({**team, "members": members}))
+
+    def offered(request: dict[str, Any]) -> dict[str, Any]:
+        return {t["function"]["name"]: t["function"] for t in request["tools"]}
+
+    await team_run(temporal_env, db_engine, worker, "hi", team_id="lone")
+    lone = offered(stub.requests[0])
+    assert "delegate_to" not in lone and set(XAGENT_TOOLS) <= set(lone)
+    assert "orchestrate" not in stub.requests[0]["messages"][0]["content"].lower()
+    stub.requests.clear()
+    await team_run(temporal_env, db_engine, worker, "hi", team_id="pair")
+    pair = offered(stub.requests[0])
+    assert pair["delegate_to"]["parameters"]["properties"]["agent_id"]["enum"] == ["helper"]
+    assert "helper: helps" in pair["delegate_to"]["description"]

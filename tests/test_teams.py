@@ -64,10 +64,11 @@ async def team_run(
     sync: bool = True,
     config: SessionConfig = TEST_CONFIG,
     provenance: Provenance | None = None,
+    team_id: str = "desk",
 ) -> Launched:
-    """Launch a team run of team ``desk`` as the API does."""
+    """Launch a team run of ``team_id`` as the API does."""
     with session_scope(engine) as s:
-        snap = teams.snapshot(s, team_id="desk")
+        snap = teams.snapshot(s, team_id=team_id)
     return await launch_session(
         env.client,
         engine,
