@@ -14,7 +14,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import event as sa_event
 from sqlalchemy import select as sa_select
+from sqlalchemy import text as sa_text
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
@@ -195,9 +197,50 @@ def list_sessions(
     return page(session, SessionRow, where=where, order_by=newest_first, limit=limit, offset=offset)
 
 
+#: ``Session.info`` key of the events a PostgreSQL transaction writes at commit.
+_PENDING_EVENTS = "baton_pending_events"
+
+
 def append_event(session: Session, *, session_id: str, type: str, data: dict[str, Any]) -> None:
-    """Add an event to the durable log (flush only)."""
-    session.add(EventRow(session_id=session_id, type=type, data=data))
+    """Add an event to the durable log, written when the transaction commits.
+
+    SSE readers page by event id, so a session's events must become visible in id
+    order. SQLite has one writer at a time, so they do. PostgreSQL allocates ids
+    from a sequence, and a transaction that took id 100 could commit after another
+    that took 101. A reader would then pass 100 and never see it. There the events
+    wait until commit, in :func:`_write_pending_events`.
+    """
+    row = EventRow(session_id=session_id, type=type, data=data)
+    if session.get_bind().dialect.name == "postgresql":
+        session.info.setdefault(_PENDING_EVENTS, []).append(row)
+    else:
+        session.add(row)
+
+
+@sa_event.listens_for(Session, "before_commit")
+def _write_pending_events(session: Session) -> None:
+    """Insert a PostgreSQL transaction's events under per-session stream locks.
+
+    Each lock is a transaction-scoped advisory lock per session id. The locks are
+    taken in sorted order and only here, at the very end of the transaction, so two
+    writers cannot deadlock. Ids are allocated while the locks are held, so each
+    session's ids commit in order.
+    """
+    rows: list[EventRow] = session.info.pop(_PENDING_EVENTS, [])
+    if not rows:
+        return
+    for sid in sorted({r.session_id for r in rows}):
+        session.execute(
+            sa_text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"), {"sid": sid}
+        )
+    session.add_all(rows)
+    session.flush()
+
+
+@sa_event.listens_for(Session, "after_soft_rollback")
+def _drop_pending_events(session: Session, _previous: Any) -> None:
+    """A rolled-back transaction's events are never written."""
+    session.info.pop(_PENDING_EVENTS, None)
 
 
 def lock_session(session: Session, *, session_id: str) -> None:

@@ -441,3 +441,53 @@ def test_closed_check_holds_off_a_concurrent_cancel(engine: Engine) -> None:
         kinds = [e.type for e in store.events_after(s, session_id="s1")]
         assert kinds[-2:] == ["chunk", "status"]
         assert store.is_closed(s, session_id="s1")
+
+
+def test_event_stream_never_skips_a_late_commit(engine: Engine) -> None:
+    """A reader paging by event id sees an event whose transaction began first, committed last."""
+    from baton import sessions as store
+    from baton.contracts import Provenance
+    from baton.db import session_scope
+
+    with session_scope(engine) as s:
+        put(s, "a", system_prompt="x")
+        store.create_session(
+            s, session_id="s1", agent_slug="a", agent_version=1, provenance=Provenance(), name="n"
+        )
+    first_written, second_committed, read_between = (threading.Event() for _ in range(3))
+
+    def slow_writer() -> None:
+        with session_scope(engine) as s:
+            store.append_event(s, session_id="s1", type="slow", data={})
+            s.flush()
+            first_written.set()
+            read_between.wait(10)  # commit only once the reader has read the other event
+
+    def fast_writer() -> None:
+        first_written.wait(10)
+        with session_scope(engine) as s:
+            store.append_event(s, session_id="s1", type="fast", data={})
+        second_committed.set()
+
+    with session_scope(engine) as s:
+        cursor = max([e.id or 0 for e in store.events_after(s, session_id="s1")], default=0)
+    seen: list[str] = []
+
+    def read() -> None:
+        nonlocal cursor
+        with session_scope(engine) as s:
+            for e in store.events_after(s, session_id="s1", after=cursor):
+                seen.append(e.type)
+                cursor = e.id or cursor
+
+    threads = [threading.Thread(target=slow_writer), threading.Thread(target=fast_writer)]
+    for t in threads:
+        t.start()
+    # PostgreSQL: the fast writer commits first. SQLite: it waits for the write lock.
+    second_committed.wait(2)
+    read()
+    read_between.set()
+    for t in threads:
+        t.join(10)
+    read()
+    assert sorted(seen) == ["fast", "slow"]
