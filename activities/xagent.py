@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.session import store_result, stored_outcome
-from baton import auth, policies, registry, reviews, sessions
+from baton import auth, delegations, policies, registry, reviews, sessions
 from baton.contracts import (
     AuthorizeInput,
     AuthorizeResult,
@@ -137,18 +137,18 @@ class XAgentActivities:
                 preview=inp.preview,
             )
             if created:
+                data = {
+                    "review_id": row.id,
+                    "caller": caller,
+                    "operation": inp.operation,
+                    "target": inp.target,
+                    "preview": inp.preview,
+                }
                 sessions.append_event(
-                    s,
-                    session_id=tool.session_id,
-                    type="review_requested",
-                    data={
-                        "review_id": row.id,
-                        "caller": caller,
-                        "operation": inp.operation,
-                        "target": inp.target,
-                        "preview": inp.preview,
-                    },
+                    s, session_id=tool.session_id, type="review_requested", data=data
                 )
+                # A review deep in a run must reach whoever watches the run's root.
+                delegations.forward(s, tool.session_id, "review_requested", data)
                 sessions.set_status(s, session_id=tool.session_id, status="awaiting_input")
             return AuthorizeResult(decision="review")
 
@@ -218,12 +218,11 @@ class XAgentActivities:
                     decided_by=row.decided_by,
                     reason=reason,
                 )
+                resolved = {"review_id": row.id, "status": row.status, "decided_by": row.decided_by}
                 sessions.append_event(
-                    s,
-                    session_id=row.session_id,
-                    type="review_resolved",
-                    data={"review_id": row.id, "status": row.status, "decided_by": row.decided_by},
+                    s, session_id=row.session_id, type="review_resolved", data=resolved
                 )
+                delegations.forward(s, row.session_id, "review_resolved", resolved)
                 if inp.outcome != "allowed":
                     what = (
                         f"{row.operation} '{row.target_agent_slug}'"

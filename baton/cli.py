@@ -284,9 +284,9 @@ def follow(
 ) -> tuple[int, bool]:
     """Print a session's events until it is idle: streamed text, tool calls, reviews, status.
 
-    ``on_review`` is called with each ``review_requested`` event's data (the demo
-    approves there). Returns the last event id (to resume the next turn from) and
-    whether the turn ended in an error.
+    ``on_review`` is called with each ``review_requested`` event's data, also those
+    forwarded from the run's delegations (the demo approves there). Returns the last
+    event id (to resume the next turn from) and whether the turn ended in an error.
     """
     last = after
     failed = False
@@ -324,10 +324,10 @@ def follow(
                 console.print(f"  [red]error[/]: {escape(data['text'])}")
             elif kind == "status":
                 console.print(f"[dim]· {data['status']}[/]")
-            elif kind == "review_requested":
+            elif kind in ("review_requested", "delegation_review_requested"):
                 target = f" → {data['target']}" if data.get("target") else ""
                 console.print(
-                    f"  [bold magenta]⏸ review[/] {data['caller']} wants to "
+                    f"  [bold magenta]⏸ review[/] {escape(data['caller'])} wants to "
                     f"{data['operation']}{target}: {escape(data.get('preview') or '')} "
                     f"[dim]({data['review_id']})[/]"
                 )
@@ -344,7 +344,7 @@ def follow(
                     f"  [blue]⇠ {data['target_agent_id']} {escape(outcome)}[/] "
                     f"{escape(str(data.get('result_preview') or ''))[:100]}"
                 )
-            elif kind == "review_resolved":
+            elif kind in ("review_resolved", "delegation_review_resolved"):
                 console.print(
                     f"  [magenta]▶ review {data['status']}[/] by {escape(str(data['decided_by']))}"
                 )

@@ -176,3 +176,24 @@ async def test_mention_routes_a_turn_to_the_mentioned_agent(
     assert run.response == "HOST WRITTEN"
     plain = await launch(temporal_env.client, db_engine, worker, "host", "mail me @ noon @nobody")
     assert plain.response == "[host] received: mail me @ noon @nobody"
+
+
+async def test_a_members_review_is_forwarded_to_the_run_root(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A review opened inside a delegated member reaches the root's stream, and its outcome too."""
+    from tests.helpers import status, wait_for
+    from tests.xagent_helpers import caller_playbook, decide, pending_review, reviews_of
+
+    make_team(db_engine)
+    publish(db_engine, "checker", playbook=caller_playbook("list_agents", {}, when="check"))
+    run = await team_run(temporal_env, db_engine, worker, "go", sync=False)
+    await wait_for(lambda: len(reviews_of(db_engine)) == 1)
+    [review] = await pending_review(db_engine, reviews_of(db_engine)[0].session_id)
+    assert review.session_id != run.session_id and review.caller_agent_slug == "checker"
+    forwarded = [d for k, d in events(db_engine, run.session_id) if k.endswith("review_requested")]
+    assert [(d["review_id"], d["target_agent_id"]) for d in forwarded] == [(review.id, "checker")]
+    await decide(temporal_env.client, review, "allow_once")
+    await wait_for(lambda: status(db_engine, run.session_id) == "idle")
+    kinds = [k for k, _ in events(db_engine, run.session_id)]
+    assert "delegation_review_resolved" in kinds and "review_requested" not in kinds
