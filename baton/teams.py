@@ -235,11 +235,25 @@ def get_team(session: Session, *, team_id: str) -> TeamPublic:
 
 
 def list_teams(
-    session: Session, *, limit: int = 50, offset: int = 0
+    session: Session, *, limit: int = 50, offset: int = 0, visible: list[str] | None = None
 ) -> tuple[list[TeamPublic], int]:
-    """Teams by id, and the total."""
-    rows, total = page(session, TeamRow, order_by=[col(TeamRow.id)], limit=limit, offset=offset)
-    return [_public(r) for r in rows], total
+    """Teams by id, and the total. With ``visible`` (auth mode: the slugs the caller
+    may see), only teams whose every member is among them."""
+    if visible is None:
+        order = [col(TeamRow.id)]
+        rows, total = page(session, TeamRow, order_by=order, limit=limit, offset=offset)
+        return [_public(r) for r in rows], total
+    # Members live in a JSON column, so the filter runs here; teams are few.
+    seen = set(visible)
+    every = session.exec(select(TeamRow).order_by(col(TeamRow.id))).all()
+    shown = [r for r in every if all(m.get("agent_id") in seen for m in r.members)]
+    return [_public(r) for r in shown[offset : offset + limit]], len(shown)
+
+
+def member_slugs(session: Session, *, team_id: str) -> list[str]:
+    """The agents of a stored team (none when it does not exist)."""
+    row = session.get(TeamRow, team_id)
+    return [m["agent_id"] for m in row.members] if row is not None else []
 
 
 def delete_team(session: Session, *, team_id: str) -> None:

@@ -500,3 +500,39 @@ def test_create_agent_in_auth_mode_copies_the_acl_and_owns_it_to_the_session_use
     made = dave.post("/v1/sessions", json={"agent": "helper-bot", "prompt": "hi", "sync": True})
     assert made.status_code == 201, made.text
     assert made.json()["agent"] == "helper-bot" and made.json()["version"] == 1
+
+
+# --- teams ------------------------------------------------------------------------------
+
+
+def test_team_access_follows_its_members_acl(registry_auth: tuple[Users, Engine, Path]) -> None:
+    """Writing a team needs user on every member; seeing it needs viewer on every member."""
+    users, engine, _ = registry_auth
+    for slug in ("lead", "helper"):
+        create_agent(users["alice"], slug)
+    grant(engine, "lead", "bob", "user")
+    grant(engine, "helper", "bob", "viewer")
+    grant(engine, "lead", "carol", "viewer")
+    team = {
+        "id": "desk",
+        "name": "Desk",
+        "supervisor_agent_id": "lead",
+        "members": [{"agent_id": "lead", "role": "supervisor"}, {"agent_id": "helper"}],
+    }
+    # bob may only view helper: he cannot compose it into a team; nothing is stored.
+    assert_problem(users["bob"].post("/v1/teams", json=team), 403, "forbidden")
+    assert users["alice"].get("/v1/teams/desk").status_code == 404
+    assert users["alice"].post("/v1/teams", json=team).status_code == 201
+    # Seeing: every member needs viewer. bob sees both; carol sees only the lead.
+    assert users["bob"].get("/v1/teams/desk").status_code == 200
+    assert_problem(users["carol"].get("/v1/teams/desk"), 403, "forbidden")
+    assert users["bob"].get("/v1/teams").json()["count"] == 1
+    assert users["carol"].get("/v1/teams").json() == {"data": [], "count": 0}
+    # Replacing or deleting: user on every old and new member.
+    lead_only = {**team, "members": team["members"][:1]}
+    assert_problem(users["bob"].put("/v1/teams/desk", json=lead_only), 403, "forbidden")
+    assert_problem(users["bob"].delete("/v1/teams/desk"), 403, "forbidden")
+    assert len(users["alice"].get("/v1/teams/desk").json()["members"]) == 2
+    grant(engine, "helper", "bob", "user")  # at the bound: user on every member is enough
+    assert users["bob"].put("/v1/teams/desk", json=lead_only).status_code == 200
+    assert users["bob"].delete("/v1/teams/desk").status_code == 204

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Response, status
+from sqlmodel import Session
 
-from api.deps import CallerDep, SessionDep
+from api.deps import Caller, CallerDep, SessionDep
 from api.problems import problem_responses
 from baton import teams
 from baton.schemas import MAX_OFFSET, Page
@@ -16,14 +17,26 @@ router = APIRouter(prefix="/v1/teams", tags=["teams"], dependencies=[])
 TeamIdPath = Annotated[str, Path(pattern=teams.TEAM_ID, examples=["research-desk"])]
 
 
+def _require_members(
+    caller: Caller, session: Session, slugs: list[str], role: Literal["viewer", "user"]
+) -> None:
+    """A team's access is its members' (auth mode): seeing it needs viewer on every
+    member, writing it needs user on every member, before and after the write.
+    Raises Forbidden (403)."""
+    for slug in dict.fromkeys(slugs):
+        caller.require(session, slug, role)
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
-    responses=problem_responses(404, 409, 422),
+    responses=problem_responses(403, 404, 409, 422),
     summary="Create a team",
 )
-def create_team(body: teams.TeamIn, session: SessionDep, _caller: CallerDep) -> teams.TeamPublic:
-    """Validate and store a team. 409 ``team_exists``; 404 when a member is not an agent."""
+def create_team(body: teams.TeamIn, session: SessionDep, caller: CallerDep) -> teams.TeamPublic:
+    """Validate and store a team. 409 ``team_exists``; 404 when a member is not an agent;
+    403 in auth mode unless the caller holds the user role on every member."""
+    _require_members(caller, session, [m.agent_id for m in body.members], "user")
     team = teams.create_team(session, team=body)
     session.commit()
     return team
@@ -32,24 +45,27 @@ def create_team(body: teams.TeamIn, session: SessionDep, _caller: CallerDep) -> 
 @router.get("", responses=problem_responses(422), summary="List teams")
 def list_teams(
     session: SessionDep,
-    _caller: CallerDep,
+    caller: CallerDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[teams.TeamPublic]:
-    """Teams by id."""
-    rows, total = teams.list_teams(session, limit=limit, offset=offset)
+    """Teams by id (auth mode: those whose every member the caller can see)."""
+    visible = caller.visible(session)
+    rows, total = teams.list_teams(session, limit=limit, offset=offset, visible=visible)
     return Page(data=rows, count=total)
 
 
-@router.get("/{team_id}", responses=problem_responses(404, 422), summary="Get a team")
-def get_team(team_id: TeamIdPath, session: SessionDep, _caller: CallerDep) -> teams.TeamPublic:
-    """One team; 404 ``team_not_found``."""
-    return teams.get_team(session, team_id=team_id)
+@router.get("/{team_id}", responses=problem_responses(403, 404, 422), summary="Get a team")
+def get_team(team_id: TeamIdPath, session: SessionDep, caller: CallerDep) -> teams.TeamPublic:
+    """One team; 404 ``team_not_found``; 403 unless the caller can see every member."""
+    team = teams.get_team(session, team_id=team_id)
+    _require_members(caller, session, [m.agent_id for m in team.members], "viewer")
+    return team
 
 
 @router.put(
     "/{team_id}",
-    responses={201: {"model": teams.TeamPublic}, **problem_responses(404, 422)},
+    responses={201: {"model": teams.TeamPublic}, **problem_responses(403, 404, 422)},
     summary="Create or replace a team",
 )
 def put_team(
@@ -57,9 +73,12 @@ def put_team(
     body: teams.TeamIn,
     session: SessionDep,
     response: Response,
-    _caller: CallerDep,
+    caller: CallerDep,
 ) -> teams.TeamPublic:
-    """Replace the team (201 when it did not exist). The body's id must match the path."""
+    """Replace the team (201 when it did not exist). The body's id must match the path.
+    403 in auth mode unless the caller holds the user role on every old and new member."""
+    old = teams.member_slugs(session, team_id=team_id)
+    _require_members(caller, session, old + [m.agent_id for m in body.members], "user")
     team, created = teams.put_team(session, team_id=team_id, team=body)
     session.commit()
     if created:
@@ -70,11 +89,13 @@ def put_team(
 @router.delete(
     "/{team_id}",
     status_code=status.HTTP_204_NO_CONTENT,
-    responses=problem_responses(404, 422),
+    responses=problem_responses(403, 404, 422),
     summary="Delete a team",
 )
-def delete_team(team_id: TeamIdPath, session: SessionDep, _caller: CallerDep) -> Response:
-    """Delete the team; runs already started keep their snapshot."""
+def delete_team(team_id: TeamIdPath, session: SessionDep, caller: CallerDep) -> Response:
+    """Delete the team; runs already started keep their snapshot. 403 in auth mode
+    unless the caller holds the user role on every member."""
+    _require_members(caller, session, teams.member_slugs(session, team_id=team_id), "user")
     teams.delete_team(session, team_id=team_id)
     session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
