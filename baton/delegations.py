@@ -16,7 +16,6 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from baton import sessions
-from baton.contracts import CLOSED_STATUSES
 from baton.db import DelegationRow, MessageRow, SessionRow, utcnow
 
 PREVIEW_CHARS = 300
@@ -71,6 +70,7 @@ def start(
             "session_id": child_session_id,
             **(event or {}),
         },
+        unless_closed=True,
     )
     session.flush()
     return row, True
@@ -104,6 +104,7 @@ def finish(
             "result_preview": row.result_preview,
             "session_id": row.child_session_id,
         },
+        unless_closed=True,
     )
     session.flush()
 
@@ -134,13 +135,12 @@ def forward(session: Session, session_id: str, kind: str, data: dict[str, Any]) 
     if ctx is None:
         return
     root, delegation_id, agent = ctx
-    if sessions.get_session(session, session_id=root).status in CLOSED_STATUSES:
-        return  # the run was cancelled: its stream ends with `cancelled`
     sessions.append_event(
         session,
         session_id=root,
         type=f"delegation_{kind}",
         data={"delegation_id": delegation_id, "target_agent_id": agent, **data},
+        unless_closed=True,  # a cancelled run's stream ends with `cancelled`
     )
 
 

@@ -201,7 +201,14 @@ def list_sessions(
 _PENDING_EVENTS = "baton_pending_events"
 
 
-def append_event(session: Session, *, session_id: str, type: str, data: dict[str, Any]) -> None:
+def append_event(
+    session: Session,
+    *,
+    session_id: str,
+    type: str,
+    data: dict[str, Any],
+    unless_closed: bool = False,
+) -> None:
     """Add an event to the durable log, written when the transaction commits.
 
     SSE readers page by event id, so a session's events must become visible in id
@@ -209,12 +216,16 @@ def append_event(session: Session, *, session_id: str, type: str, data: dict[str
     from a sequence, and a transaction that took id 100 could commit after another
     that took 101. A reader would then pass 100 and never see it. There the events
     wait until commit, in :func:`_write_pending_events`.
+
+    ``unless_closed`` drops the event if ``session_id`` is cancelled or failed by the
+    time it is written. Writers from another session use it (a delegation forwarding
+    to its run's root), so nothing lands after the root's ``cancelled``.
     """
     row = EventRow(session_id=session_id, type=type, data=data)
     if session.get_bind().dialect.name == "postgresql":
-        session.info.setdefault(_PENDING_EVENTS, []).append(row)
-    else:
-        session.add(row)
+        session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed))
+    elif not (unless_closed and is_closed(session, session_id=session_id)):
+        session.add(row)  # is_closed took SQLite's write lock: no cancel can slip in
 
 
 @sa_event.listens_for(Session, "before_commit")
@@ -224,16 +235,28 @@ def _write_pending_events(session: Session) -> None:
     Each lock is a transaction-scoped advisory lock per session id. The locks are
     taken in sorted order and only here, at the very end of the transaction, so two
     writers cannot deadlock. Ids are allocated while the locks are held, so each
-    session's ids commit in order.
+    session's ids commit in order. The ``unless_closed`` check also runs under these
+    locks. A cancel's ``status`` event needs the same lock, so the check sees a cancel
+    that committed earlier, and a later cancel's event is ordered after this one.
     """
-    rows: list[EventRow] = session.info.pop(_PENDING_EVENTS, [])
-    if not rows:
+    pending: list[tuple[EventRow, bool]] = session.info.pop(_PENDING_EVENTS, [])
+    if not pending:
         return
-    for sid in sorted({r.session_id for r in rows}):
+    for sid in sorted({r.session_id for r, _ in pending}):
         session.execute(
             sa_text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"), {"sid": sid}
         )
-    session.add_all(rows)
+    guarded = {r.session_id for r, unless_closed in pending if unless_closed}
+    closed = set(
+        session.exec(
+            select(SessionRow.id).where(
+                col(SessionRow.id).in_(guarded), col(SessionRow.status).in_(CLOSED_STATUSES)
+            )
+        ).all()
+        if guarded
+        else ()
+    )
+    session.add_all([r for r, unless in pending if not (unless and r.session_id in closed)])
     session.flush()
 
 

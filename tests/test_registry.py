@@ -491,3 +491,55 @@ def test_event_stream_never_skips_a_late_commit(engine: Engine) -> None:
         t.join(10)
     read()
     assert sorted(seen) == ["fast", "slow"]
+
+
+def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
+    """A forwarded event racing its root's cancel is written before the cancel or not at all."""
+    from baton import delegations
+    from baton import sessions as store
+    from baton.contracts import Provenance
+    from baton.db import session_scope
+
+    with session_scope(engine) as s:
+        put(s, "a", system_prompt="x")
+        for sid in ("root", "child"):
+            store.create_session(
+                s,
+                session_id=sid,
+                agent_slug="a",
+                agent_version=1,
+                provenance=Provenance(),
+                name=sid,
+            )
+        store.set_status(s, session_id="root", status="running")
+        delegations.start(
+            s,
+            delegation_id="d-race",
+            root_session_id="root",
+            parent_session_id="root",
+            child_session_id="child",
+            kind="delegate_to",
+            caller="a",
+            target="a",
+            task="t",
+            depth=1,
+        )
+    forwarded, cancelled = threading.Event(), threading.Event()
+
+    def forwarder() -> None:
+        with session_scope(engine) as s:
+            delegations.forward(s, "child", "chunk", {"content": "late"})
+            s.flush()
+            forwarded.set()
+            cancelled.wait(2)  # PostgreSQL: the cancel commits first; SQLite: it waits for us
+
+    racer = threading.Thread(target=forwarder)
+    racer.start()
+    assert forwarded.wait(10)
+    with session_scope(engine) as s:
+        store.set_status(s, session_id="root", status="cancelled")
+    cancelled.set()
+    racer.join(10)
+    with session_scope(engine) as s:
+        kinds = [e.type for e in store.events_after(s, session_id="root")]
+    assert kinds[-1] == "status" and kinds.count("delegation_chunk") <= 1
