@@ -26,11 +26,18 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from api.app import create_app
+from baton import roster
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import init_db, make_engine
 from baton.settings import Settings
 from worker.factory import build_worker
 from worker.stack import DEV_SERVER_TUNING, ServicesThread, free_port
+
+
+@pytest.fixture(autouse=True)
+def _fresh_roster() -> None:
+    """The roster cache is process-wide (5 s): never let another test's agents leak in."""
+    roster.clear_cache()
 
 
 def _pg_bin() -> Path:

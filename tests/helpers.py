@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from temporalio.client import Client
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton import registry, sessions
@@ -74,3 +77,27 @@ async def wait_for(predicate: Any, timeout: float = 30.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.05)
+
+
+async def skip_to_timer_offset(
+    env: WorkflowEnvironment,
+    handle: WorkflowHandle[Any, Any],
+    timer: timedelta,
+    offset: timedelta,
+) -> None:
+    """Skip time until ``offset`` after the workflow started its (last) ``timer``-long timer.
+
+    The time-skipping server's clock runs in real time between skips: sleeping ``offset``
+    after noticing the timer would also count the (load-dependent) time it took to notice.
+    """
+    started = [
+        e.event_time.ToDatetime(tzinfo=UTC)
+        for e in (await handle.fetch_history()).events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta() == timer
+    ]
+    if not started:
+        raise AssertionError(f"{handle.id} started no {timer} timer")
+    remaining = started[-1] + offset - await env.get_current_time()
+    if remaining > timedelta(0):
+        await env.sleep(remaining)

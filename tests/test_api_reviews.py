@@ -415,7 +415,14 @@ def test_audit_log_outcomes_filters_and_pages(
     temporal_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     """GET /v1/audit records allow, denied_by_user, review_timeout and block; filters and pages."""
-    with running_stack(temporal_env, tmp_path / "audit.db", review_timeout=4.0) as st:
+    db_file = tmp_path / "audit.db"
+    # The review left to time out is opened through a second API + worker on the same
+    # database with a 4 s review timeout; the reviews decided here keep the default 300 s,
+    # so no decision races a timer however slow the machine is.
+    with (
+        running_stack(temporal_env, db_file) as st,
+        running_stack(temporal_env, db_file, review_timeout=4.0) as quick,
+    ):
         http = st.http
         target(http)
         agent(http, "caller", caller_playbook("invoke_agent", INVOKE_SYNC))
@@ -423,16 +430,16 @@ def test_audit_log_outcomes_filters_and_pages(
         agent(http, "selfie", caller_playbook("invoke_agent", {"slug": "selfie", "prompt": "me"}))
         agent(http, "quiet", caller_playbook("invoke_agent", INVOKE_SYNC))
         # three reviews: one allowed, one denied, one left to time out
-        sids = [launch(http, "caller") for _ in range(3)]
-        reviews = pending(http, 3)
-        allowed, denied, timed = reviews
+        sids = [launch(http, "caller") for _ in range(2)]
+        allowed, denied = pending(http, 2)
+        timed_sid = launch(quick.http, "caller")
+        (timed,) = [r for r in pending(http, 3) if r["session_id"] == timed_sid]
         assert decide(http, allowed["id"], "allow_once").status_code == 200
         assert decide(http, denied["id"], "deny").status_code == 200
-        for sid in sids:
+        for sid in [*sids, timed_sid]:
             settled(http, sid)
         timed_out = http.get(f"/v1/reviews/{timed['id']}").json()
         assert (timed_out["status"], timed_out["decided_by"]) == ("timed_out", "timeout")
-        timed_sid = timed["session_id"]
         assert result_of(http, timed_sid) == {
             "error": "the review timed out after 4 s without a decision; "
             "the invoke 'target' operation was denied"

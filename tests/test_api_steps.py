@@ -408,7 +408,8 @@ class SlowAwaitingWrite(StepActivities):
 def test_handoff_over_http_revise_then_approve(http: httpx.Client) -> None:
     """409 while running; revise runs another attempt with the feedback; approve completes."""
     agent(http, "handed", SELF_CORRECTING)
-    slow = {"max_attempts": 3, "initial_interval_s": 1.5, "backoff_coefficient": 1}
+    # The 3 s backoff keeps the step running (attempts 1) long enough to see it and be refused.
+    slow = {"max_attempts": 3, "initial_interval_s": 3, "backoff_coefficient": 1}
     sid = start(http, "handed", output_schema=SUMMARY, retry=slow, handoff=True)
     # Attempt 1 was invalid: the step is running, in its backoff before attempt 2.
     wait_step(http, sid, "running", attempts=1)

@@ -19,12 +19,6 @@ from tests.test_api_agents import assert_problem
 from tests.test_e2e_sessions import sse
 
 
-@pytest.fixture(autouse=True)
-def _fresh_roster() -> None:
-    """The roster cache is process-wide: never let another test's agents leak in."""
-    roster.clear_cache()
-
-
 def agent(api: httpx.Client, slug: str, *, publish: bool = True, **spec: Any) -> None:
     resp = api.post("/v1/agents", json={"slug": slug, "name": slug.title(), "spec": spec})
     assert resp.status_code == 201, resp.text

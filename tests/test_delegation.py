@@ -37,12 +37,6 @@ from tests.test_teams import team_run
 ON_ROSTER = {"available_for_delegation": True}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_roster() -> None:
-    """The roster cache is process-wide: never let another test's agents leak in."""
-    roster.clear_cache()
-
-
 # --- helpers ----------------------------------------------------------------------
 
 

@@ -9,6 +9,11 @@ from typing import Any
 import httpx
 
 from tests.test_api_agents import assert_problem
+from tests.test_api_reviews import poll
+
+#: Delay between streamed words of the cancel test's reply (10 words: 3 s in all), long
+#: enough that a cancel sent once the stream started always lands while it streams.
+STREAM_CHUNK_MS = 300
 
 
 def agent(api: httpx.Client, slug: str, **spec: Any) -> None:
@@ -176,7 +181,7 @@ def test_cancel_mid_turn_stops_the_turn(live_api: httpx.Client) -> None:
             {"when": "calculator:", "reply": "done"},
             {
                 "reply": "a b c d e f g h i j",
-                "chunk_delay_ms": 150,
+                "chunk_delay_ms": STREAM_CHUNK_MS,
                 "tool_calls": [{"tool": "calculator", "args": {"expression": "1+1"}}],
             },
         ],
@@ -184,11 +189,18 @@ def test_cancel_mid_turn_stops_the_turn(live_api: httpx.Client) -> None:
     sid = live_api.post("/v1/sessions", json={"agent": "toolish", "prompt": "go"}).json()[
         "session_id"
     ]
-    time.sleep(0.5)
+
+    def roles() -> list[str]:
+        messages = live_api.get(f"/v1/sessions/{sid}/transcript").json()["messages"]
+        return [m["role"] for m in messages]
+
+    # The model call stores the user message, then streams its 10 words: cancel mid-stream.
+    poll(lambda: roles() == ["user"], "the model call to start")
+    streaming = time.monotonic()
     assert live_api.post(f"/v1/sessions/{sid}/cancel").status_code == 202
     events = sse(live_api, f"/v1/sessions/{sid}/events?until=idle")
     assert events[-1]["event"] == "status" and events[-1]["data"]["status"] == "cancelled"
-    time.sleep(1.0)  # nothing may land after the cancel
-    roles = [m["role"] for m in live_api.get(f"/v1/sessions/{sid}/transcript").json()["messages"]]
-    assert roles == ["user"]
+    # Nothing may land after the cancel, not even once the abandoned stream has ended.
+    time.sleep(max(0.0, streaming + 10 * STREAM_CHUNK_MS / 1000 + 0.5 - time.monotonic()))
+    assert roles() == ["user"]
     assert sse(live_api, f"/v1/sessions/{sid}/events?until=idle")[-1]["id"] == events[-1]["id"]

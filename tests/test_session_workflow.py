@@ -76,10 +76,11 @@ async def test_second_message_while_running_is_session_busy(
     publish(
         db_engine,
         "slow",
-        playbook=[{"reply": "one two three four five six", "chunk_delay_ms": 150}],
+        playbook=[{"reply": "one two three four five six", "chunk_delay_ms": 400}],
     )
     launched = await launch(temporal_env.client, db_engine, worker, "slow", "start", sync=False)
-    await asyncio.sleep(0.3)
+    # Mid-turn: the model call stored the user message and streams its reply for 2.4 s.
+    await wait_for(lambda: transcript(db_engine, launched.session_id) == [("user", "start")])
     with pytest.raises(SessionBusy):
         await launching.send_message(
             temporal_env.client,
@@ -143,7 +144,8 @@ async def test_continue_as_new_carries_the_conversation(
 
 async def wait_for_runs(env: WorkflowEnvironment, workflow_id: str, runs: int) -> None:
     """Wait until visibility lists ``runs`` runs of ``workflow_id``."""
-    for _ in range(200):
+    deadline = asyncio.get_running_loop().time() + 60
+    while asyncio.get_running_loop().time() < deadline:
         found = [w async for w in env.client.list_workflows(f"WorkflowId = '{workflow_id}'")]
         if len(found) >= runs:
             return

@@ -22,7 +22,7 @@ from baton import registry, sessions
 from baton.contracts import Provenance, SessionInput, UserMessage
 from baton.db import session_scope
 from baton.settings import Settings
-from tests.helpers import TEST_CONFIG, status, wait_for
+from tests.helpers import TEST_CONFIG, skip_to_timer_offset, status, wait_for
 from tests.xagent_helpers import (
     audit_rows,
     decide,
@@ -85,7 +85,9 @@ async def test_review_times_out_after_the_default_300_s(
         handle = await start_caller(skipping_env, db_engine, queue)
         try:
             (review,) = await open_reviews(skipping_env.client, db_engine, handle.id)
-            await skipping_env.sleep(timedelta(seconds=290))
+            await skip_to_timer_offset(
+                skipping_env, handle, timedelta(seconds=300), timedelta(seconds=290)
+            )
             assert [r.status for r in reviews_of(db_engine)] == ["pending"]
             assert await handle.query("status") == "awaiting_input"
             await skipping_env.sleep(timedelta(seconds=15))
@@ -142,7 +144,10 @@ async def test_a_decision_before_the_default_timeout_wins(
         handle = await start_caller(skipping_env, db_engine, queue)
         try:
             (review,) = await open_reviews(skipping_env.client, db_engine, handle.id)
-            await skipping_env.sleep(timedelta(seconds=after_s))
+            # after_s on the review's own timer (the clock runs on while the review is found).
+            await skip_to_timer_offset(
+                skipping_env, handle, timedelta(seconds=300), timedelta(seconds=after_s)
+            )
             await decide(skipping_env.client, review, decision, decided_by="bob")
             row = await settled(db_engine, review.id)
             assert (row.status, row.decided_by) == (expected, "bob")
