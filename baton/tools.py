@@ -9,6 +9,8 @@ deployment does not implement are not offered to the model.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,22 +179,28 @@ XAGENT_DESCRIPTIONS = {
 }
 
 
+@functools.cache
+def _xagent_schema(name: str) -> dict[str, Any]:
+    # Static per process; pydantic's schema generation cost ~2 ms per tool per turn.
+    schema = XAGENT_ARGS[name].model_json_schema()
+    schema.pop("title", None)
+    schema.pop("description", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
 def xagent_tools(blocked: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, description, JSON Schema)`` of the X-Agent tools offered to every agent.
 
-    An agent's ``blocked_tools`` can withdraw them (DESIGN §3, narrowing only).
+    An agent's ``blocked_tools`` can withdraw them (DESIGN §3, narrowing only). Each
+    schema is a fresh copy, so a caller may change it.
     """
-    out = []
-    for name, model in XAGENT_ARGS.items():
-        if name in blocked:
-            continue
-        schema = model.model_json_schema()
-        schema.pop("title", None)
-        schema.pop("description", None)
-        for prop in schema.get("properties", {}).values():
-            prop.pop("title", None)
-        out.append((name, XAGENT_DESCRIPTIONS[name], schema))
-    return out
+    return [
+        (name, XAGENT_DESCRIPTIONS[name], copy.deepcopy(_xagent_schema(name)))
+        for name in XAGENT_ARGS
+        if name not in blocked
+    ]
 
 
 def delegate_to_tool(members: list[tuple[str, str]]) -> tuple[str, str, dict[str, Any]]:
