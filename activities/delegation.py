@@ -433,12 +433,17 @@ class DelegationActivities:
                 # A child whose launch failed has no session: nothing to cancel there.
                 return [r.id for r in rows if r is not None and r.status not in CLOSED_STATUSES]
 
+        def record_cancelled() -> None:
+            with session_scope(self._engine) as s:
+                delegations.cancel_open(s, session_id=session_id)
+
         targets = await asyncio.to_thread(open_children)
         for child in targets:
             try:
                 await self._client.get_workflow_handle(child).cancel()
             except RPCError as exc:  # already ended: nothing to cancel
                 activity.logger.info("cancel %s: %s", child, exc.message)
+        await asyncio.to_thread(record_cancelled)
         return targets
 
 

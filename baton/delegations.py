@@ -193,6 +193,26 @@ def descendants(session: Session, *, session_id: str) -> list[str]:
     return out
 
 
+def cancel_open(session: Session, *, session_id: str) -> list[str]:
+    """Record every unfinished delegation made under ``session_id`` (transitively) as
+    cancelled; returns their ids.
+
+    The cancel cascade calls this. A caller's ``delegate`` activity may learn of the
+    cancel from a heartbeat and stop before it could record the outcome, so the
+    cascade records it.
+    """
+    parents = [session_id, *descendants(session, session_id=session_id)]
+    open_ids = session.exec(
+        select(DelegationRow.id).where(
+            col(DelegationRow.parent_session_id).in_(parents),
+            col(DelegationRow.finished_at).is_(None),
+        )
+    ).all()
+    for delegation_id in open_ids:
+        finish(session, delegation_id=delegation_id, status="cancelled")
+    return list(open_ids)
+
+
 class StepUsage(BaseModel):
     """Usage of one session (its own model calls) or of a whole subtree."""
 

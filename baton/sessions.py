@@ -224,8 +224,8 @@ def append_event(
     row = EventRow(session_id=session_id, type=type, data=data)
     if session.get_bind().dialect.name == "postgresql":
         session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed))
-    elif not (unless_closed and is_closed(session, session_id=session_id)):
-        session.add(row)  # is_closed took SQLite's write lock: no cancel can slip in
+    elif not (unless_closed and _locked_status(session, session_id) in CLOSED_STATUSES):
+        session.add(row)  # the status was read under SQLite's write lock: no cancel slips in
 
 
 @sa_event.listens_for(Session, "before_commit")
@@ -297,11 +297,24 @@ def current_status(session: Session, *, session_id: str) -> str:
 
     Raises SessionNotFound.
     """
-    lock_session(session, session_id=session_id)
-    found = session.exec(select(SessionRow.status).where(SessionRow.id == session_id)).first()
+    found = _locked_status(session, session_id)
     if found is None:
         raise SessionNotFound(f"no session '{session_id}'")
     return found
+
+
+def _locked_status(session: Session, session_id: str) -> str | None:
+    # One statement that locks and reads (see lock_session for the two backends).
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = select(SessionRow.status).where(SessionRow.id == session_id).with_for_update()
+        return session.exec(stmt).first()
+    found = session.execute(
+        sa_update(SessionRow)
+        .where(col(SessionRow.id) == session_id)
+        .values(id=SessionRow.id)
+        .returning(col(SessionRow.status))
+    ).first()
+    return found[0] if found is not None else None
 
 
 def set_status(session: Session, *, session_id: str, status: SessionStatus) -> None:

@@ -1039,11 +1039,13 @@ async def test_cancel_reaches_an_async_invoked_child(
     assert not [m for m in messages(db_engine, child) if m.role == "assistant"]
 
 
+@pytest.mark.parametrize("streaming_s", [0.0, 3.5])
 async def test_cancelled_caller_gets_no_late_tool_result(
-    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker, streaming_s: float
 ) -> None:
     """Once a session is cancelled mid-delegation nothing more lands in its transcript (no
-    late delegate_to error), and the cut delegation is recorded as cancelled, not failed."""
+    late delegate_to error), and the cut delegation is recorded as cancelled, not failed,
+    also when the cancel reaches the delegate activity through a heartbeat (3.5 s in)."""
     publish(db_engine, "leaf", playbook=SLOW, delegation=ON_ROSTER)
     publish(db_engine, "top", playbook=delegating("leaf"))
     roster.clear_cache()
@@ -1054,6 +1056,7 @@ async def test_cancelled_caller_gets_no_late_tool_result(
         return bool(leafs) and chunks(db_engine, leafs[0].id) > 0
 
     await wait_for(leaf_streaming, 20)
+    await asyncio.sleep(streaming_s)
     await launch.cancel_session(temporal_env.client, db_engine, session_id=root.session_id)
     assert await workflow_end(temporal_env, root.session_id) == WorkflowExecutionStatus.CANCELED
     (edge,) = children(db_engine, root.session_id)

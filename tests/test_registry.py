@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from baton import registry
-from baton.db import AgentRevision
+from baton.db import AgentRevision, DelegationRow, session_scope
 from baton.errors import (
     AgentExists,
     AgentInUse,
@@ -543,3 +543,30 @@ def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
     with session_scope(engine) as s:
         kinds = [e.type for e in store.events_after(s, session_id="root")]
     assert kinds[-1] == "status" and kinds.count("delegation_chunk") <= 1
+
+
+def test_cancel_records_every_open_delegation_under_the_session(engine: Engine) -> None:
+    """cancel_open marks unfinished delegations at every depth cancelled, finished ones kept."""
+    from baton import delegations
+
+    with session_scope(engine) as s:
+        for did, parent, child in (("d1", "root", "c1"), ("d2", "c1", "c2"), ("d3", "root", "c3")):
+            delegations.start(
+                s,
+                delegation_id=did,
+                root_session_id="root",
+                parent_session_id=parent,
+                child_session_id=child,
+                kind="delegate_to",
+                caller="a",
+                target="b",
+                task="t",
+                depth=1,
+            )
+        delegations.finish(s, delegation_id="d3", status="completed", result="done")
+    with session_scope(engine) as s:
+        assert sorted(delegations.cancel_open(s, session_id="root")) == ["d1", "d2"]
+    with session_scope(engine) as s:
+        rows = {r.id: r.status for r in s.exec(select(DelegationRow)).all()}
+        assert rows == {"d1": "cancelled", "d2": "cancelled", "d3": "completed"}
+        assert delegations.cancel_open(s, session_id="root") == []
