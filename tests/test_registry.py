@@ -493,6 +493,24 @@ def test_event_stream_never_skips_a_late_commit(engine: Engine) -> None:
     assert sorted(seen) == ["fast", "slow"]
 
 
+def edge(s: Session, delegation_id: str, *, parent: str, child: str) -> None:
+    """Record a delegate_to delegation ``parent`` → ``child`` in the run rooted at ``root``."""
+    from baton import delegations
+
+    delegations.start(
+        s,
+        delegation_id=delegation_id,
+        root_session_id="root",
+        parent_session_id=parent,
+        child_session_id=child,
+        kind="delegate_to",
+        caller="a",
+        target="b",
+        task="t",
+        depth=1,
+    )
+
+
 def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
     """A forwarded event racing its root's cancel is written before the cancel or not at all."""
     from baton import delegations
@@ -512,18 +530,7 @@ def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
                 name=sid,
             )
         store.set_status(s, session_id="root", status="running")
-        delegations.start(
-            s,
-            delegation_id="d-race",
-            root_session_id="root",
-            parent_session_id="root",
-            child_session_id="child",
-            kind="delegate_to",
-            caller="a",
-            target="a",
-            task="t",
-            depth=1,
-        )
+        edge(s, "d-race", parent="root", child="child")
     forwarded, cancelled = threading.Event(), threading.Event()
 
     def forwarder() -> None:
@@ -551,18 +558,7 @@ def test_cancel_records_every_open_delegation_under_the_session(engine: Engine) 
 
     with session_scope(engine) as s:
         for did, parent, child in (("d1", "root", "c1"), ("d2", "c1", "c2"), ("d3", "root", "c3")):
-            delegations.start(
-                s,
-                delegation_id=did,
-                root_session_id="root",
-                parent_session_id=parent,
-                child_session_id=child,
-                kind="delegate_to",
-                caller="a",
-                target="b",
-                task="t",
-                depth=1,
-            )
+            edge(s, did, parent=parent, child=child)
         delegations.finish(s, delegation_id="d3", status="completed", result="done")
     with session_scope(engine) as s:
         assert sorted(delegations.cancel_open(s, session_id="root")) == ["d1", "d2"]
