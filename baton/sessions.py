@@ -317,21 +317,37 @@ def _locked_status(session: Session, session_id: str) -> str | None:
     return found[0] if found is not None else None
 
 
+def _expire_loaded(session: Session, session_id: str, columns: list[str]) -> None:
+    # After an UPDATE statement, a row this transaction already loaded reloads these.
+    loaded = session.identity_map.get(session.identity_key(SessionRow, session_id))
+    if loaded is not None:
+        session.expire(loaded, columns)
+
+
 def set_status(session: Session, *, session_id: str, status: SessionStatus) -> None:
     """Record a status change and its ``status`` event.
 
     Takes the session's row lock first, so the ``status`` event is ordered after
     any event a writer holding the lock (see :func:`is_closed`) adds.
     """
-    current = current_status(session, session_id=session_id)
-    if current in CLOSED_STATUSES:  # terminal: late writers cannot reopen
-        return
-    if current != status:
-        row = get_session(session, session_id=session_id)
-        row.status = status
-        row.last_activity_at = utcnow()
-        session.add(row)
+    # One conditional UPDATE: it takes the row lock (waiting for a writer that holds it)
+    # and only then reads the status. A closed session is terminal, so late writers
+    # cannot reopen it, and an unchanged status writes no event.
+    changed = session.execute(
+        sa_update(SessionRow)
+        .where(
+            col(SessionRow.id) == session_id,
+            col(SessionRow.status).not_in(CLOSED_STATUSES),
+            col(SessionRow.status) != status,
+        )
+        .values(status=status, last_activity_at=utcnow()),
+        execution_options={"synchronize_session": False},
+    )
+    if changed.rowcount:  # type: ignore[attr-defined]
+        _expire_loaded(session, session_id, ["status", "last_activity_at"])
         append_event(session, session_id=session_id, type="status", data={"status": status})
+    elif session.get(SessionRow, session_id) is None:
+        raise SessionNotFound(f"no session '{session_id}'")
     session.flush()
 
 
@@ -378,13 +394,21 @@ def add_message(
         usage=usage.model_dump() if usage else None,
     )
     session.add(row)
-    srow = get_session(session, session_id=session_id)
-    srow.message_count += 1
-    srow.last_activity_at = utcnow()
+    counters: dict[str, Any] = {
+        "message_count": SessionRow.message_count + 1,
+        "last_activity_at": utcnow(),
+    }
     if usage is not None:
-        srow.input_tokens += usage.input_tokens
-        srow.output_tokens += usage.output_tokens
-    session.add(srow)
+        counters["input_tokens"] = SessionRow.input_tokens + usage.input_tokens
+        counters["output_tokens"] = SessionRow.output_tokens + usage.output_tokens
+    # An in-place increment: no read of the session row, and no lost update.
+    bumped = session.execute(
+        sa_update(SessionRow).where(col(SessionRow.id) == session_id).values(**counters),
+        execution_options={"synchronize_session": False},
+    )
+    if not bumped.rowcount:  # type: ignore[attr-defined]
+        raise SessionNotFound(f"no session '{session_id}'")
+    _expire_loaded(session, session_id, list(counters))
     event: dict[str, Any] = {"message_id": message_id, "role": role, "text": summarise(text)}
     if tool_name:
         event["tool_name"] = tool_name
