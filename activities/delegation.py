@@ -12,6 +12,7 @@ ceiling (every kind), and the run's ``limits`` (``max_depth``, ``max_spawns``,
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import uuid
@@ -35,6 +36,7 @@ from baton.contracts import (
     Provenance,
     ResolvedAgent,
     ResolvedLimits,
+    TeamSnapshot,
     RouteDecision,
     RouteInput,
     ToolCall,
@@ -42,7 +44,7 @@ from baton.contracts import (
     ToolOutcome,
 )
 from baton.db import DelegationRow, SessionRow, session_scope
-from baton.errors import BatonError, EngineUnavailable
+from baton.errors import BatonError, EngineUnavailable, TurnCancelled
 
 #: Longest inline reply a delegation returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
@@ -141,8 +143,10 @@ def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
             )
 
 
-def _with_memories(session: Session, channel: str, task: str) -> str:
-    found = teams.relevant_memories(session, channel=channel, task=task)
+def _with_memories(session: Session, team: TeamSnapshot, task: str) -> str:
+    found = teams.relevant_memories(
+        session, team_id=team.id, channel=team.shared_channel, task=task
+    )
     if not found:
         return task
     lines = "\n".join(
@@ -200,7 +204,7 @@ class DelegationActivities:
                         )
                     ref = member.pin
                     team_member = True
-                    prompt = _with_memories(s, inp.team.shared_channel, inp.prompt)
+                    prompt = _with_memories(s, inp.team, inp.prompt)
                 elif inp.kind == "delegate_to" and inp.target not in {
                     slug for slug, _ in roster.roster(s, exclude=caller)
                 }:
@@ -317,6 +321,11 @@ class DelegationActivities:
                 return await asyncio.to_thread(self._store, tool, str(exc), False, None)
             except EngineUnavailable:
                 raise  # Temporal unreachable: retry the activity
+            except TurnCancelled:  # someone cancelled the target's session directly
+                text = f"{tool.call.name} cancelled: the target's session was cancelled"
+                return await asyncio.to_thread(
+                    functools.partial(self._store, tool, text, False, inp, cancelled=True)
+                )
             except BatonError as exc:
                 text = f"{tool.call.name} failed ({exc.code}): {exc.detail}"
                 return await asyncio.to_thread(self._store, tool, text, False, inp)
@@ -345,6 +354,7 @@ class DelegationActivities:
         inp: DelegateInput | None,
         reply: str = "",
         finished: bool = True,
+        cancelled: bool = False,
     ) -> ToolOutcome:
         """Store the caller's tool result, finish the delegation, feed the team channel."""
         with session_scope(self._engine) as s:
@@ -359,16 +369,18 @@ class DelegationActivities:
                     delegations.finish(s, delegation_id=inp.delegation_id, status="cancelled")
                 return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
             if inp is not None and finished:
+                status = "completed" if ok else "cancelled" if cancelled else "failed"
                 delegations.finish(
                     s,
                     delegation_id=inp.delegation_id,
-                    status="completed" if ok else "failed",
+                    status=status,
                     result=reply if ok else "",
                     error=None if ok else text,
                 )
                 if ok and inp.team is not None and inp.kind != "invoke":
                     teams.remember(
                         s,
+                        team_id=inp.team.id,
                         channel=inp.team.shared_channel,
                         agent=inp.target,
                         text=reply,

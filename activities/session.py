@@ -164,7 +164,13 @@ def store_result(
     s: Session, tool: ToolMessage, text: str, *, ok: bool, duration_ms: int | None = None
 ) -> ToolOutcome:
     """Store a tool call's result (or error) as the ``tool`` message the model will read,
-    and forward it to the run's root when the session runs a delegation."""
+    and forward it to the run's root when the session runs a delegation.
+
+    Writes nothing once the session is cancelled or failed: a running activity learns of
+    a cancel only at its next heartbeat, and nothing may land after ``cancelled``.
+    """
+    if sessions.is_closed(s, session_id=tool.session_id):
+        return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
     sessions.add_message(
         s,
         message_id=tool.message_id,
@@ -598,4 +604,7 @@ class SessionActivities:
         with session_scope(self._engine) as s:
             sessions.set_status(s, session_id=inp.session_id, status=inp.status)
             if inp.status in CLOSED_STATUSES:
-                reviews.close_pending(s, session_id=inp.session_id, by=inp.status)
+                for row in reviews.close_pending(s, session_id=inp.session_id, by=inp.status):
+                    # The session's own stream has ended; a run root still open hears of it.
+                    resolved = {"review_id": row.id, "status": row.status, "decided_by": inp.status}
+                    delegations.forward(s, inp.session_id, "review_resolved", resolved)

@@ -87,6 +87,10 @@ class XAgentActivities:
             done = stored_outcome(s, tool.message_id)
             if done is not None:
                 return AuthorizeResult(decision="refused", outcome=done)
+            if sessions.is_closed(s, session_id=tool.session_id):
+                # Cancelled while this ran: no review nobody could settle, no audit row.
+                cancelled = ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
+                return AuthorizeResult(decision="refused", outcome=cancelled)
 
             def refuse(text: str, decided_by: str | None) -> AuthorizeResult:
                 if decided_by is not None:

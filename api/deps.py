@@ -52,6 +52,10 @@ class Caller:
         if self.auth:
             access.require(session, user_id=self.user, agent=agent, role=role)
 
+    def has(self, session: Session, agent: str, role: access.Role) -> bool:
+        """Whether auth is off or the user holds ``role`` on ``agent``."""
+        return not self.auth or access.has_role(session, user_id=self.user, agent=agent, role=role)
+
     def require_on(self, engine: Engine, agent: str, role: access.Role) -> None:
         """:meth:`require` in a session of its own (for async routes, via ``to_thread``);
         no database work at all with auth off."""

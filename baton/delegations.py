@@ -80,7 +80,7 @@ def finish(
     session: Session, *, delegation_id: str, status: str, result: str = "", error: str | None = None
 ) -> None:
     """Mark a delegation completed/failed/cancelled once; emit ``delegation_complete``
-    (not for cancelled: the run's stream has already ended)."""
+    (dropped when the run's root is closed: its stream has already ended)."""
     row = session.get(DelegationRow, delegation_id)
     if row is None or row.finished_at is not None:
         return
@@ -89,9 +89,6 @@ def finish(
     row.result_preview = sessions.summarise(result, PREVIEW_CHARS)
     row.finished_at = utcnow()
     session.add(row)
-    if status == "cancelled":  # the run's stream already ended with `cancelled`
-        session.flush()
-        return
     sessions.append_event(
         session,
         session_id=row.root_session_id,

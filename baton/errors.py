@@ -233,6 +233,13 @@ class TurnFailed(BatonError):
     title = "Turn failed"
 
 
+class TurnCancelled(TurnFailed):
+    """The turn ended because its session was cancelled (502, like any turn that did not
+    finish). Delegations report it as ``cancelled``, not ``failed``."""
+
+    code = "turn_cancelled"
+
+
 def from_database_error(exc: Exception) -> BatonError | None:
     """The domain error for a SQLAlchemy error, or None when it is not one we map.
 

@@ -22,7 +22,8 @@ from temporalio.client import (
     WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, FailureError
+from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from baton import registry, sessions
@@ -48,6 +49,7 @@ from baton.errors import (
     InvalidPrompt,
     SessionBusy,
     SessionClosed,
+    TurnCancelled,
     TurnFailed,
 )
 
@@ -84,6 +86,11 @@ def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError
         return SessionClosed(message, session_id=session_id)
     if kind == INVALID_PROMPT:
         return InvalidPrompt(message, path="prompt")
+    link: BaseException | None = cause
+    while link is not None:  # the workflow's cancel fails the turn, maybe via an activity
+        if isinstance(link, TemporalCancelledError):
+            return TurnCancelled(message, session_id=session_id)
+        link = link.cause if isinstance(link, FailureError) else None
     return TurnFailed(message, session_id=session_id)
 
 

@@ -222,8 +222,8 @@ def pending_in_session(session: Session, *, session_id: str) -> int:
     )
 
 
-def close_pending(session: Session, *, session_id: str, by: str) -> int:
-    """Mark a closed session's pending reviews ``cancelled``; returns how many."""
+def close_pending(session: Session, *, session_id: str, by: str) -> list[ReviewRow]:
+    """Mark a closed session's pending reviews ``cancelled``; returns them."""
     rows = session.exec(
         select(ReviewRow).where(ReviewRow.session_id == session_id, ReviewRow.status == "pending")
     ).all()
@@ -233,7 +233,7 @@ def close_pending(session: Session, *, session_id: str, by: str) -> int:
         row.decided_at = utcnow()
         session.add(row)
     session.flush()
-    return len(rows)
+    return list(rows)
 
 
 def add_audit(

@@ -223,7 +223,9 @@ def append_event(
     """
     row = EventRow(session_id=session_id, type=type, data=data)
     if session.get_bind().dialect.name == "postgresql":
-        session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed))
+        # Remember the (nested) transaction: rolling back a savepoint drops its events.
+        txn = session.get_nested_transaction() or session.get_transaction()
+        session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed, txn))
     elif not (unless_closed and _locked_status(session, session_id) in CLOSED_STATUSES):
         session.add(row)  # the status was read under SQLite's write lock: no cancel slips in
 
@@ -239,14 +241,16 @@ def _write_pending_events(session: Session) -> None:
     locks. A cancel's ``status`` event needs the same lock, so the check sees a cancel
     that committed earlier, and a later cancel's event is ordered after this one.
     """
-    pending: list[tuple[EventRow, bool]] = session.info.pop(_PENDING_EVENTS, [])
+    if session.in_nested_transaction():
+        return  # SQLAlchemy fires this when a savepoint is released, too: not the commit
+    pending: list[tuple[EventRow, bool, Any]] = session.info.pop(_PENDING_EVENTS, [])
     if not pending:
         return
-    for sid in sorted({r.session_id for r, _ in pending}):
+    for sid in sorted({r.session_id for r, _, _ in pending}):
         session.execute(
             sa_text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"), {"sid": sid}
         )
-    guarded = {r.session_id for r, unless_closed in pending if unless_closed}
+    guarded = {r.session_id for r, unless_closed, _ in pending if unless_closed}
     closed = set(
         session.exec(
             select(SessionRow.id).where(
@@ -256,14 +260,25 @@ def _write_pending_events(session: Session) -> None:
         if guarded
         else ()
     )
-    session.add_all([r for r, unless in pending if not (unless and r.session_id in closed)])
+    session.add_all([r for r, unless, _ in pending if not (unless and r.session_id in closed)])
     session.flush()
 
 
 @sa_event.listens_for(Session, "after_soft_rollback")
-def _drop_pending_events(session: Session, _previous: Any) -> None:
-    """A rolled-back transaction's events are never written."""
-    session.info.pop(_PENDING_EVENTS, None)
+def _drop_pending_events(session: Session, previous: Any) -> None:
+    """A rolled-back transaction's events are never written: the whole transaction's,
+    or a savepoint's own (those of the enclosing transaction stay)."""
+
+    def inside(txn: Any) -> bool:
+        while txn is not None:
+            if txn is previous:
+                return True
+            txn = txn.parent
+        return False
+
+    pending = session.info.get(_PENDING_EVENTS)
+    if pending:
+        session.info[_PENDING_EVENTS] = [p for p in pending if not inside(p[2])]
 
 
 def lock_session(session: Session, *, session_id: str) -> None:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import delete as sa_delete
 from sqlmodel import Session, col, select
 
 from baton.contracts import TeamMemberSnapshot, TeamSnapshot
@@ -220,7 +221,10 @@ def put_team(session: Session, *, team_id: str, team: TeamIn) -> tuple[TeamPubli
         return create_team(session, team=team), True
     _check_members(session, team)
     _check_channel(session, team)
+    released = row.shared_channel
     _fill(row, team)
+    if row.shared_channel != released:
+        forget_channel(session, channel=released)
     session.add(row)
     session.flush()
     return _public(row), False
@@ -257,10 +261,12 @@ def member_slugs(session: Session, *, team_id: str) -> list[str]:
 
 
 def delete_team(session: Session, *, team_id: str) -> None:
-    """Delete the team (its channel's memories stay: they belong to past runs)."""
+    """Delete the team and its channel's memories (the channel name becomes free, and
+    whoever claims it next must not read them). Past runs keep their transcripts."""
     row = session.get(TeamRow, team_id)
     if row is None:
         raise TeamNotFound(f"no team '{team_id}'")
+    forget_channel(session, channel=row.shared_channel)
     session.delete(row)
     session.flush()
 
@@ -310,8 +316,25 @@ def match_route(routes: list[tuple[str, str]], text: str) -> str | None:
 _WORD = re.compile(r"[a-z0-9]{3,}")
 
 
-def remember(session: Session, *, channel: str, agent: str, text: str, delegation_id: str) -> None:
-    """Write a delegated result to the shared channel (once per delegation)."""
+def owns_channel(session: Session, *, team_id: str, channel: str) -> bool:
+    """Whether ``channel`` is (still) the shared channel of team ``team_id``."""
+    row = session.get(TeamRow, team_id)
+    return row is not None and row.shared_channel == channel
+
+
+def forget_channel(session: Session, *, channel: str) -> None:
+    """Delete a channel's memories: a team released it (deleted, or moved to another
+    channel), and whoever claims the name next must not read them."""
+    session.execute(sa_delete(ChannelMemory).where(col(ChannelMemory.channel) == channel))
+
+
+def remember(
+    session: Session, *, team_id: str, channel: str, agent: str, text: str, delegation_id: str
+) -> None:
+    """Write a delegated result to the shared channel (once per delegation); nothing
+    when the team no longer owns the channel (a run outlived a release)."""
+    if not owns_channel(session, team_id=team_id, channel=channel):
+        return
     exists = session.exec(
         select(ChannelMemory.id).where(
             ChannelMemory.channel == channel, ChannelMemory.delegation_id == delegation_id
@@ -326,12 +349,17 @@ def remember(session: Session, *, channel: str, agent: str, text: str, delegatio
         session.flush()
 
 
-def relevant_memories(session: Session, *, channel: str, task: str) -> list[ChannelMemory]:
+def relevant_memories(
+    session: Session, *, team_id: str, channel: str, task: str
+) -> list[ChannelMemory]:
     """The channel's memories most relevant to ``task``: word overlap, newest first on ties.
 
     Deliberately simple and deterministic (no embeddings): members get at most
-    :data:`MEMORY_LIMIT` memories that share words with the task.
+    :data:`MEMORY_LIMIT` memories that share words with the task. None when team
+    ``team_id`` no longer owns the channel (another team may have claimed it).
     """
+    if not owns_channel(session, team_id=team_id, channel=channel):
+        return []
     words = set(_WORD.findall(task.lower()))
     rows = session.exec(
         select(ChannelMemory)

@@ -506,7 +506,8 @@ def test_create_agent_in_auth_mode_copies_the_acl_and_owns_it_to_the_session_use
 
 
 def test_team_access_follows_its_members_acl(registry_auth: tuple[Users, Engine, Path]) -> None:
-    """Writing a team needs user on every member; seeing it needs viewer on every member."""
+    """Writing a team needs user on every member; seeing it needs viewer on every member
+    (a hidden team answers 404, as a missing one)."""
     users, engine, _ = registry_auth
     for slug in ("lead", "helper"):
         create_agent(users["alice"], slug)
@@ -525,7 +526,7 @@ def test_team_access_follows_its_members_acl(registry_auth: tuple[Users, Engine,
     assert users["alice"].post("/v1/teams", json=team).status_code == 201
     # Seeing: every member needs viewer. bob sees both; carol sees only the lead.
     assert users["bob"].get("/v1/teams/desk").status_code == 200
-    assert_problem(users["carol"].get("/v1/teams/desk"), 403, "forbidden")
+    assert_problem(users["carol"].get("/v1/teams/desk"), 404, "team_not_found")
     assert users["bob"].get("/v1/teams").json()["count"] == 1
     assert users["carol"].get("/v1/teams").json() == {"data": [], "count": 0}
     # Replacing or deleting: user on every old and new member.

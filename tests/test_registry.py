@@ -566,3 +566,26 @@ def test_cancel_records_every_open_delegation_under_the_session(engine: Engine) 
         rows = {r.id: r.status for r in s.exec(select(DelegationRow)).all()}
         assert rows == {"d1": "cancelled", "d2": "cancelled", "d3": "completed"}
         assert delegations.cancel_open(s, session_id="root") == []
+
+
+def test_a_rolled_back_savepoint_drops_only_its_own_events(engine: Engine) -> None:
+    """Events of a rolled-back savepoint are not written; the enclosing transaction's are."""
+    from baton import sessions as store
+    from baton.contracts import Provenance
+
+    with session_scope(engine) as s:
+        put(s, "a", system_prompt="x")
+        store.create_session(
+            s, session_id="s1", agent_slug="a", agent_version=1, provenance=Provenance(), name="n"
+        )
+    with session_scope(engine) as s:
+        store.append_event(s, session_id="s1", type="outer", data={})
+        dropped = s.begin_nested()
+        store.append_event(s, session_id="s1", type="dropped", data={})
+        dropped.rollback()
+        with s.begin_nested():
+            store.append_event(s, session_id="s1", type="kept", data={})
+        store.append_event(s, session_id="s1", type="last", data={})
+    with session_scope(engine) as s:
+        kinds = [e.type for e in store.events_after(s, session_id="s1")]
+    assert [k for k in kinds if k != "status"] == ["outer", "kept", "last"]

@@ -197,3 +197,29 @@ async def test_a_members_review_is_forwarded_to_the_run_root(
     await wait_for(lambda: status(db_engine, run.session_id) == "idle")
     kinds = [k for k, _ in events(db_engine, run.session_id)]
     assert "delegation_review_resolved" in kinds and "review_requested" not in kinds
+
+
+async def test_cancelling_a_member_directly_reports_cancelled_to_the_root(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A member cancelled while it waits on a review: its review and its delegation are
+    reported cancelled on the root's stream, and the lead's run goes on to an answer."""
+    from baton import launch as launch_mod
+    from tests.helpers import status, wait_for
+    from tests.xagent_helpers import caller_playbook, pending_review, reviews_of
+
+    make_team(db_engine)
+    publish(db_engine, "checker", playbook=caller_playbook("list_agents", {}, when="check"))
+    run = await team_run(temporal_env, db_engine, worker, "go", sync=False)
+    await wait_for(lambda: len(reviews_of(db_engine)) == 1)
+    [review] = await pending_review(db_engine, reviews_of(db_engine)[0].session_id)
+    await launch_mod.cancel_session(temporal_env.client, db_engine, session_id=review.session_id)
+    await wait_for(lambda: status(db_engine, run.session_id) == "idle")
+    log = events(db_engine, run.session_id)
+    resolved = [d for k, d in log if k == "delegation_review_resolved"]
+    assert [(d["review_id"], d["status"]) for d in resolved] == [(review.id, "cancelled")]
+    done = {d["target_agent_id"]: d["status"] for k, d in log if k == "delegation_complete"}
+    assert done == {"checker": "cancelled", "writer": "completed"}
+    with session_scope(db_engine) as s:
+        tree = delegations.trace(s, session_id=run.session_id)
+    assert {c.agent: c.delegation and c.delegation["status"] for c in tree.children} == done

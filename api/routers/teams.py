@@ -27,6 +27,15 @@ def _require_members(
         caller.require(session, slug, role)
 
 
+def _visible_members(caller: Caller, session: Session, team_id: str) -> list[str]:
+    """The members of a team the caller may see. Raises TeamNotFound (404) for a
+    missing team and for one hidden from the caller alike: no existence oracle."""
+    slugs = teams.member_slugs(session, team_id=team_id)
+    if not slugs or not all(caller.has(session, s, "viewer") for s in slugs):
+        raise teams.TeamNotFound(f"no team '{team_id}'")
+    return slugs
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -57,10 +66,9 @@ def list_teams(
 
 @router.get("/{team_id}", responses=problem_responses(403, 404, 422), summary="Get a team")
 def get_team(team_id: TeamIdPath, session: SessionDep, caller: CallerDep) -> teams.TeamPublic:
-    """One team; 404 ``team_not_found``; 403 unless the caller can see every member."""
-    team = teams.get_team(session, team_id=team_id)
-    _require_members(caller, session, [m.agent_id for m in team.members], "viewer")
-    return team
+    """One team; 404 ``team_not_found``, also when the caller cannot see every member."""
+    _visible_members(caller, session, team_id)
+    return teams.get_team(session, team_id=team_id)
 
 
 @router.put(
@@ -93,9 +101,14 @@ def put_team(
     summary="Delete a team",
 )
 def delete_team(team_id: TeamIdPath, session: SessionDep, caller: CallerDep) -> Response:
-    """Delete the team; runs already started keep their snapshot. 403 in auth mode
-    unless the caller holds the user role on every member."""
-    _require_members(caller, session, teams.member_slugs(session, team_id=team_id), "user")
+    """Delete the team; runs already started keep their snapshot. In auth mode the
+    caller needs the user role on every member, or owns one of them: a team built
+    around an owner's agent must never lock her out of retiring it. 404 for a team
+    the caller cannot see (unless she owns a member), else 403."""
+    slugs = teams.member_slugs(session, team_id=team_id)
+    if not any(caller.has(session, s, "owner") for s in slugs):
+        _visible_members(caller, session, team_id)
+        _require_members(caller, session, slugs, "user")
     teams.delete_team(session, team_id=team_id)
     session.commit()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
