@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import event as sa_event
+from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import text as sa_text
 from sqlalchemy import update as sa_update
@@ -221,13 +222,15 @@ def append_event(
     time it is written. Writers from another session use it (a delegation forwarding
     to its run's root), so nothing lands after the root's ``cancelled``.
     """
-    row = EventRow(session_id=session_id, type=type, data=data)
+    # A plain row, inserted without an ORM object: events are the hottest write.
+    row = {"session_id": session_id, "type": type, "data": data, "created_at": utcnow()}
     if session.get_bind().dialect.name == "postgresql":
         # Remember the (nested) transaction: rolling back a savepoint drops its events.
         txn = session.get_nested_transaction() or session.get_transaction()
         session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed, txn))
     elif not (unless_closed and _locked_status(session, session_id) in CLOSED_STATUSES):
-        session.add(row)  # the status was read under SQLite's write lock: no cancel slips in
+        # The status was read under SQLite's write lock: no cancel slips in.
+        session.execute(sa_insert(EventRow), [row])
 
 
 @sa_event.listens_for(Session, "before_commit")
@@ -243,14 +246,14 @@ def _write_pending_events(session: Session) -> None:
     """
     if session.in_nested_transaction():
         return  # SQLAlchemy fires this when a savepoint is released, too: not the commit
-    pending: list[tuple[EventRow, bool, Any]] = session.info.pop(_PENDING_EVENTS, [])
+    pending: list[tuple[dict[str, Any], bool, Any]] = session.info.pop(_PENDING_EVENTS, [])
     if not pending:
         return
-    for sid in sorted({r.session_id for r, _, _ in pending}):
+    for sid in sorted({r["session_id"] for r, _, _ in pending}):
         session.execute(
             sa_text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"), {"sid": sid}
         )
-    guarded = {r.session_id for r, unless_closed, _ in pending if unless_closed}
+    guarded = {r["session_id"] for r, unless_closed, _ in pending if unless_closed}
     closed = set(
         session.exec(
             select(SessionRow.id).where(
@@ -260,8 +263,9 @@ def _write_pending_events(session: Session) -> None:
         if guarded
         else ()
     )
-    session.add_all([r for r, unless, _ in pending if not (unless and r.session_id in closed)])
-    session.flush()
+    rows = [r for r, unless, _ in pending if not (unless and r["session_id"] in closed)]
+    if rows:  # one multi-row INSERT: ids follow the list's order
+        session.execute(sa_insert(EventRow), rows)
 
 
 @sa_event.listens_for(Session, "after_soft_rollback")
@@ -386,32 +390,19 @@ def add_message(
     tool_args: dict[str, Any] | None = None,
     is_error: bool = False,
     usage: Usage | None = None,
-) -> tuple[MessageRow, bool]:
-    """Store a message once: ``(row, created)``; an existing id returns the stored row.
+) -> bool:
+    """Store a message once; returns whether it was stored now (False: the id exists).
 
-    Also bumps the session's counters and appends a ``message`` event.
+    Also bumps the session's counters and appends a ``message`` event. Raises
+    SessionNotFound. Written with two statements (the hot path of every turn): an
+    in-place counter increment, then the message row, with no ORM object built.
     """
-    existing = session.get(MessageRow, message_id)
-    if existing is not None:
-        return existing, False
-    row = MessageRow(
-        id=message_id,
-        session_id=session_id,
-        position=position,
-        role=role,
-        agent_slug=agent_slug,
-        text=text,
-        tool_name=tool_name,
-        tool_call_id=tool_call_id,
-        tool_calls=tool_calls,
-        tool_args=tool_args,
-        is_error=is_error,
-        usage=usage.model_dump() if usage else None,
-    )
-    session.add(row)
+    if session.get(MessageRow, message_id) is not None:
+        return False
+    now = utcnow()
     counters: dict[str, Any] = {
         "message_count": SessionRow.message_count + 1,
-        "last_activity_at": utcnow(),
+        "last_activity_at": now,
     }
     if usage is not None:
         counters["input_tokens"] = SessionRow.input_tokens + usage.input_tokens
@@ -424,6 +415,23 @@ def add_message(
     if not bumped.rowcount:  # type: ignore[attr-defined]
         raise SessionNotFound(f"no session '{session_id}'")
     _expire_loaded(session, session_id, list(counters))
+    session.execute(
+        sa_insert(MessageRow).values(
+            id=message_id,
+            session_id=session_id,
+            position=position,
+            role=role,
+            agent_slug=agent_slug,
+            text=text,
+            tool_name=tool_name,
+            tool_call_id=tool_call_id,
+            tool_calls=tool_calls,
+            tool_args=tool_args,
+            is_error=is_error,
+            usage=usage.model_dump() if usage else None,
+            created_at=now,
+        )
+    )
     event: dict[str, Any] = {"message_id": message_id, "role": role, "text": summarise(text)}
     if tool_name:
         event["tool_name"] = tool_name
@@ -433,7 +441,7 @@ def add_message(
         event["is_error"] = True
     append_event(session, session_id=session_id, type="message", data=event)
     session.flush()
-    return row, True
+    return True
 
 
 def messages(session: Session, *, session_id: str) -> list[MessageRow]:
