@@ -639,8 +639,10 @@ reviews_app = typer.Typer(help="Decide X-Agent policy reviews (talks to the API)
 users_app = typer.Typer(help="Users of auth mode and their roles on agents (database).")
 tokens_app = typer.Typer(help="Bearer API tokens of auth mode (database).")
 app.add_typer(reviews_app, name="reviews")
+balance_app = typer.Typer(help="The organisation balance, the spending ceiling (database).")
 app.add_typer(users_app, name="users")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(balance_app, name="balance")
 
 ApiOption = Annotated[
     str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
@@ -816,6 +818,39 @@ def users_revoke(
     with _db() as s:
         removed = auth.revoke(s, agent=agent, user_id=user_id)
     console.print(f"{user_id} {'no longer has a role on' if removed else 'had no role on'} {agent}")
+
+
+@balance_app.command("show")
+def balance_show() -> None:
+    """Print the balance (USD, or unlimited)."""
+    from baton import metering
+
+    with _db() as s:
+        amount = metering.get_balance(s)
+    console.print("balance: " + ("unlimited" if amount is None else f"${amount:.4f}"))
+
+
+@balance_app.command("set")
+def balance_set(
+    amount: Annotated[str, typer.Argument(help="USD, e.g. 25 or 0.5; or `unlimited`.")],
+) -> None:
+    """Set the balance. Model calls are refused once it is spent (≤ 0). Works in auth
+    mode too, where ``PUT /v1/balance`` is refused (no API user is an organisation admin)."""
+    from pydantic import ValidationError
+
+    from baton import metering
+    from baton.errors import InvalidBalance
+
+    try:
+        body = metering.BalancePublic.model_validate(
+            {"balance": None if amount == "unlimited" else amount}
+        )
+    except ValidationError as exc:
+        msg = f"amount must be a finite number of USD or `unlimited`, not {amount!r}"
+        raise _fail(InvalidBalance(msg, path="amount")) from exc
+    with _db() as s:
+        metering.set_balance(s, amount=body.balance)
+    balance_show()
 
 
 @tokens_app.command("issue")

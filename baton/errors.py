@@ -238,6 +238,23 @@ class TurnCancelled(TurnFailed):
     finish). Delegations report it as ``cancelled``, not ``failed``."""
 
     code = "turn_cancelled"
+    title = "Turn cancelled"
+
+
+class InvalidBalance(BatonError):
+    """A balance that is not a finite number of USD (CLI; the API answers 422)."""
+
+    code = "invalid_balance"
+    status = 422
+    title = "Invalid balance"
+
+
+class AdminOnly(BatonError):
+    """An organisation-wide setting no API user may change in auth mode (403)."""
+
+    code = "admin_only"
+    status = 403
+    title = "Admin only"
 
 
 def from_database_error(exc: Exception) -> BatonError | None:

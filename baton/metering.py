@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
+from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
 from baton.db import BalanceRow, UsageRow, utcnow
@@ -157,10 +158,14 @@ def usage(
     step_id: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    agents: list[str] | None = None,
 ) -> list[UsageGroup]:
-    """Usage summed per ``group_by`` value, filtered; largest cost first."""
+    """Usage summed per ``group_by`` value, filtered; largest cost first. ``agents``
+    (auth mode: what the caller may see) keeps only those agents' model calls."""
     key = _COLUMN[group_by]
-    conditions = []
+    conditions: list[ColumnElement[bool]] = []
+    if agents is not None:
+        conditions.append(col(UsageRow.agent_slug).in_(agents))
     for column, value in (
         (UsageRow.agent_slug, agent),
         (UsageRow.session_id, session_id),

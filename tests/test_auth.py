@@ -537,3 +537,43 @@ def test_team_access_follows_its_members_acl(registry_auth: tuple[Users, Engine,
     grant(engine, "helper", "bob", "user")  # at the bound: user on every member is enough
     assert users["bob"].put("/v1/teams/desk", json=lead_only).status_code == 200
     assert users["bob"].delete("/v1/teams/desk").status_code == 204
+
+
+# --- balance and usage --------------------------------------------------------------------
+
+
+def test_balance_is_not_set_over_the_api_and_usage_is_filtered(
+    registry_auth: tuple[Users, Engine, Path],
+) -> None:
+    """Auth mode: PUT /v1/balance is 403 admin_only for every user; /v1/usage shows only the
+    model calls of agents the caller holds a role on."""
+    from baton import metering
+
+    users, engine, _ = registry_auth
+    create_agent(users["alice"], "a1")
+    create_agent(users["bob"], "b1")
+    with session_scope(engine) as s:
+        for i, agent in enumerate(("a1", "b1", "b1")):
+            metering.record(
+                s,
+                message_id=f"m{i}",
+                agent=agent,
+                session_id=f"session-{agent}",
+                model="m",
+                input_tokens=10,
+                output_tokens=1,
+                cost_usd=0.5,
+            )
+    for user in ("alice", "bob"):
+        assert_problem(users[user].put("/v1/balance", json={"balance": 100.0}), 403, "admin_only")
+    assert users["alice"].get("/v1/balance").json() == {"balance": None}
+
+    def keys(user: str, by: str) -> dict[str, int]:
+        body = users[user].get("/v1/usage", params={"group_by": by}).json()
+        return {g["key"]: g["requests"] for g in body["data"]}
+
+    assert keys("alice", "agent") == {"a1": 1}
+    assert keys("bob", "session") == {"session-b1": 2}
+    assert keys("carol", "agent") == {}
+    grant(engine, "b1", "carol", "viewer")  # viewer is enough to see an agent's spend
+    assert keys("carol", "agent") == {"b1": 2}

@@ -217,3 +217,16 @@ def test_an_unreachable_api_is_a_clear_error(run: Run, monkeypatch: pytest.Monke
         result = run(*args)
         assert result.exit_code == 1, result.output
         assert f"cannot reach {url}" in result.stderr
+
+
+def test_balance_set_and_show_on_the_database(run: Run, stack: Stack) -> None:
+    """`baton balance set` writes the balance the API reports; bad amounts are refused."""
+    shown = run("balance", "set", "2.5")
+    assert shown.exit_code == 0 and "$2.5000" in shown.stdout
+    assert stack.http.get("/v1/balance").json() == {"balance": 2.5}
+    assert "unlimited" in run("balance", "set", "unlimited").stdout
+    assert stack.http.get("/v1/balance").json() == {"balance": None}
+    for bad in ("lots", "nan", "1e13"):
+        refused = run("balance", "set", bad)
+        assert refused.exit_code == 1 and "invalid_balance" in refused.output, refused.output
+    assert "unlimited" in run("balance", "show").stdout

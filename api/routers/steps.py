@@ -22,7 +22,7 @@ from api.problems import problem_responses
 from baton import launch, metering
 from baton.contracts import HandoffDecision, StepInput, StepRetry
 from baton.db import StepRow, page, session_scope
-from baton.errors import BatonError, Conflict, EngineUnavailable, NotFound
+from baton.errors import AdminOnly, BatonError, Conflict, EngineUnavailable, NotFound
 from baton.schemas import MAX_OFFSET, Page
 from baton.spec import REF_PATTERN, SafeText, parse_ref
 
@@ -312,7 +312,7 @@ async def handoff(
 @usage_router.get("/usage", responses=problem_responses(422), summary="Metered usage")
 def get_usage(
     session: SessionDep,
-    _caller: CallerDep,
+    caller: CallerDep,
     group_by: Annotated[
         metering.GroupBy, Query(description="agent | session | step | day | model")
     ] = "agent",
@@ -322,7 +322,8 @@ def get_usage(
     since: AwareDatetime | None = None,
     until: AwareDatetime | None = None,
 ) -> Page[metering.UsageGroup]:
-    """Tokens in/out, requests and cost of every model call, summed per group."""
+    """Tokens in/out, requests and cost of every model call, summed per group (auth
+    mode: only the model calls of agents the caller holds a role on)."""
     rows = metering.usage(
         session,
         group_by=group_by,
@@ -331,6 +332,7 @@ def get_usage(
         step_id=step_id,
         since=since,
         until=until,
+        agents=caller.visible(session),
     )
     return Page(data=rows, count=len(rows))
 
@@ -341,11 +343,18 @@ def get_balance(session: SessionDep, _caller: CallerDep) -> metering.BalancePubl
     return metering.BalancePublic(balance=metering.get_balance(session))
 
 
-@usage_router.put("/balance", responses=problem_responses(422), summary="Set the balance")
+@usage_router.put("/balance", responses=problem_responses(403, 422), summary="Set the balance")
 def put_balance(
-    body: metering.BalancePublic, session: SessionDep, _caller: CallerDep
+    body: metering.BalancePublic, session: SessionDep, caller: CallerDep
 ) -> metering.BalancePublic:
-    """Set the balance (USD; null = unlimited). Model calls are refused once it is ≤ 0."""
+    """Set the balance (USD; null = unlimited). Model calls are refused once it is ≤ 0.
+
+    The balance is the whole organisation's spending ceiling, and auth mode has no
+    organisation-wide role: there it is refused over the API (403 ``admin_only``) and
+    set with the database-side ``baton balance set``, like ``baton users``.
+    """
+    if caller.auth:
+        raise AdminOnly("the balance is set with `baton balance set` (BATON_AUTH=on)")
     metering.set_balance(session, amount=body.balance)
     session.commit()
     return body
