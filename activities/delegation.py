@@ -199,8 +199,9 @@ class DelegationActivities:
                     )
                     if member is None:
                         names = ", ".join(m.agent_id for m in inp.team.specialists())
+                        who = f"its members: {names}" if names else "it has no members"
                         raise Refused(
-                            "not_a_member", f"'{inp.target}' is not a member of this team ({names})"
+                            "not_a_member", f"'{inp.target}' is not a member of this team ({who})"
                         )
                     ref = member.pin
                     team_member = True

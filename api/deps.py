@@ -56,6 +56,17 @@ class Caller:
         """Whether auth is off or the user holds ``role`` on ``agent``."""
         return not self.auth or access.has_role(session, user_id=self.user, agent=agent, role=role)
 
+    def team_members(self, session: Session, team_id: str) -> list[str]:
+        """The members of a team the user may see: viewer on every member (a team's
+        access is its members'). Raises TeamNotFound (404) for a missing team and for a
+        hidden one alike, so the answer never tells a hidden team exists."""
+        from baton import teams
+
+        slugs = teams.member_slugs(session, team_id=team_id)
+        if not slugs or not all(self.has(session, s, "viewer") for s in slugs):
+            raise teams.TeamNotFound(f"no team '{team_id}'")
+        return slugs
+
     def require_on(self, engine: Engine, agent: str, role: access.Role) -> None:
         """:meth:`require` in a session of its own (for async routes, via ``to_thread``);
         no database work at all with auth off."""

@@ -314,6 +314,25 @@ def match_route(routes: list[tuple[str, str]], text: str) -> str | None:
 
 
 _WORD = re.compile(r"[a-z0-9]{3,}")
+#: Words too common to make a memory relevant to a task ("do the thing" must not
+#: match every memory that says "the").
+# fmt: off
+STOP_WORDS = frozenset((
+    "about", "above", "after", "again", "all", "also", "and", "any", "are", "because", "been",
+    "before", "being", "below", "between", "both", "but", "can", "could", "did", "does",
+    "doing", "done", "down", "during", "each", "few", "for", "from", "further", "had", "has",
+    "have", "having", "her", "here", "hers", "him", "his", "how", "into", "its", "itself",
+    "just", "more", "most", "must", "not", "now", "off", "once", "only", "other", "our", "ours",
+    "out", "over", "own", "please", "same", "she", "should", "some", "such", "than", "that",
+    "the", "their", "theirs", "them", "then", "there", "these", "they", "this", "those",
+    "through", "too", "under", "until", "very", "was", "were", "what", "when", "where", "which",
+    "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours",
+))
+# fmt: on
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower())) - STOP_WORDS
 
 
 def owns_channel(session: Session, *, team_id: str, channel: str) -> bool:
@@ -360,13 +379,16 @@ def relevant_memories(
     """
     if not owns_channel(session, team_id=team_id, channel=channel):
         return []
-    words = set(_WORD.findall(task.lower()))
+    words = _words(task)
     rows = session.exec(
         select(ChannelMemory)
         .where(ChannelMemory.channel == channel)
         .order_by(col(ChannelMemory.id).desc())
         .limit(200)
     ).all()
-    scored = [(len(words & set(_WORD.findall(r.text.lower()))), r) for r in rows]
-    best = [r for score, r in sorted(scored, key=lambda x: -x[0]) if score > 0]
-    return best[:MEMORY_LIMIT]
+    scored = [(len(words & _words(r.text)), r) for r in rows]
+    best: dict[str, ChannelMemory] = {}  # each text once (the newest copy)
+    for score, r in sorted(scored, key=lambda x: -x[0]):
+        if score > 0 and r.text not in best:
+            best[r.text] = r
+    return list(best.values())[:MEMORY_LIMIT]

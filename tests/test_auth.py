@@ -537,6 +537,40 @@ def test_team_access_follows_its_members_acl(registry_auth: tuple[Users, Engine,
     grant(engine, "helper", "bob", "user")  # at the bound: user on every member is enough
     assert users["bob"].put("/v1/teams/desk", json=lead_only).status_code == 200
     assert users["bob"].delete("/v1/teams/desk").status_code == 204
+    # A hidden team's id is taken: PUT answers as POST would, without naming members.
+    assert users["alice"].post("/v1/teams", json=team).status_code == 201
+    taken = users["carol"].put("/v1/teams/desk", json=team)
+    assert_problem(taken, 409, "team_exists")
+    assert "lead" not in taken.json()["detail"] and "helper" not in taken.json()["detail"]
+
+
+def test_a_team_run_of_a_hidden_team_is_404_like_a_missing_one(
+    live_auth: tuple[Users, Stack],
+) -> None:
+    """POST /v1/sessions {team} answers 404 team_not_found for a team the user cannot see."""
+    users, st = live_auth
+    create_agent(users["alice"], "boss", [{"reply": "led"}])
+    team = {
+        "id": "scouting",
+        "name": "Scouting",
+        "supervisor_agent_id": "boss",
+        "members": [{"agent_id": "boss", "role": "supervisor"}],
+    }
+    assert users["alice"].post("/v1/teams", json=team).status_code == 201
+    for team_id in ("scouting", "no-such-team"):
+        refused = users["bob"].post("/v1/sessions", json={"team": team_id, "prompt": "hi"})
+        assert_problem(refused, 404, "team_not_found")
+        assert "boss" not in refused.json()["detail"]
+    grant(st.engine, "boss", "bob", "viewer")  # sees it now: launching needs the user role
+    assert_problem(
+        users["bob"].post("/v1/sessions", json={"team": "scouting", "prompt": "hi"}),
+        403,
+        "forbidden",
+    )
+    ran = users["alice"].post(
+        "/v1/sessions", json={"team": "scouting", "prompt": "hi", "sync": True}
+    )
+    assert ran.status_code == 201 and ran.json()["response"] == "led", ran.text
 
 
 # --- balance and usage --------------------------------------------------------------------

@@ -589,3 +589,31 @@ def test_a_rolled_back_savepoint_drops_only_its_own_events(engine: Engine) -> No
     with session_scope(engine) as s:
         kinds = [e.type for e in store.events_after(s, session_id="s1")]
     assert [k for k in kinds if k != "status"] == ["outer", "kept", "last"]
+
+
+def test_memories_match_on_meaningful_words_and_each_text_once(engine: Engine) -> None:
+    """A memory sharing only words like "the" is not relevant; duplicate texts come once."""
+    from baton import teams
+
+    with session_scope(engine) as s:
+        put(s, "lead", system_prompt="x")
+        desk = {"id": "desk", "name": "Desk", "supervisor_agent_id": "lead"}
+        members = [{"agent_id": "lead", "role": "supervisor"}]
+        teams.create_team(s, team=teams.TeamIn.model_validate({**desk, "members": members}))
+        texts = ("the scout found nothing", "the scout found nothing", "prices rose in the north")
+        for i, text in enumerate(texts):
+            teams.remember(
+                s, team_id="desk", channel="_team_desk", agent="a", text=text, delegation_id=f"d{i}"
+            )
+    with session_scope(engine) as s:
+
+        def relevant(task: str) -> list[str]:
+            found = teams.relevant_memories(s, team_id="desk", channel="_team_desk", task=task)
+            return [m.text for m in found]
+
+        assert relevant("do the slow thing") == []
+        assert relevant("what did the scout find?") == ["the scout found nothing"]
+        assert relevant("north prices for the scout") == [
+            "prices rose in the north",
+            "the scout found nothing",
+        ]

@@ -163,6 +163,8 @@ async def create_session(
     def route() -> tuple[str, TeamSnapshot | None]:
         # Seed 002, explicit routing: team > target agent > agent > default.
         with session_scope(engine) as s:
+            if body.team:
+                caller.team_members(s, body.team)  # a hidden team is 404, as a missing one
             team = teams.snapshot(s, team_id=body.team) if body.team else None
             if team is not None:
                 ref = next(m.pin for m in team.members if m.role == "supervisor")

@@ -27,15 +27,6 @@ def _require_members(
         caller.require(session, slug, role)
 
 
-def _visible_members(caller: Caller, session: Session, team_id: str) -> list[str]:
-    """The members of a team the caller may see. Raises TeamNotFound (404) for a
-    missing team and for one hidden from the caller alike: no existence oracle."""
-    slugs = teams.member_slugs(session, team_id=team_id)
-    if not slugs or not all(caller.has(session, s, "viewer") for s in slugs):
-        raise teams.TeamNotFound(f"no team '{team_id}'")
-    return slugs
-
-
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -67,13 +58,13 @@ def list_teams(
 @router.get("/{team_id}", responses=problem_responses(403, 404, 422), summary="Get a team")
 def get_team(team_id: TeamIdPath, session: SessionDep, caller: CallerDep) -> teams.TeamPublic:
     """One team; 404 ``team_not_found``, also when the caller cannot see every member."""
-    _visible_members(caller, session, team_id)
+    caller.team_members(session, team_id)
     return teams.get_team(session, team_id=team_id)
 
 
 @router.put(
     "/{team_id}",
-    responses={201: {"model": teams.TeamPublic}, **problem_responses(403, 404, 422)},
+    responses={201: {"model": teams.TeamPublic}, **problem_responses(403, 404, 409, 422)},
     summary="Create or replace a team",
 )
 def put_team(
@@ -86,6 +77,9 @@ def put_team(
     """Replace the team (201 when it did not exist). The body's id must match the path.
     403 in auth mode unless the caller holds the user role on every old and new member."""
     old = teams.member_slugs(session, team_id=team_id)
+    if old and not all(caller.has(session, s, "viewer") for s in old):
+        # As POST would answer: the id is taken (ids are global), by a team you cannot see.
+        raise teams.TeamExists(f"team '{team_id}' already exists")
     _require_members(caller, session, old + [m.agent_id for m in body.members], "user")
     team, created = teams.put_team(session, team_id=team_id, team=body)
     session.commit()
@@ -107,7 +101,7 @@ def delete_team(team_id: TeamIdPath, session: SessionDep, caller: CallerDep) -> 
     the caller cannot see (unless she owns a member), else 403."""
     slugs = teams.member_slugs(session, team_id=team_id)
     if not any(caller.has(session, s, "owner") for s in slugs):
-        _visible_members(caller, session, team_id)
+        caller.team_members(session, team_id)
         _require_members(caller, session, slugs, "user")
     teams.delete_team(session, team_id=team_id)
     session.commit()
