@@ -455,9 +455,15 @@ def demo(
     with _errors():
         settings = get_settings()
     lock = StateLock(STATE_DIR)
-    owned = lock.acquire() and port_free(7233) and port_free(8233)
+    why_in_memory = (
+        "another stack owns .baton/"
+        if not lock.acquire()
+        else "port 7233 or 8233 is taken"
+        if not (port_free(7233) and port_free(8233))
+        else ""
+    )
     db_file: Path | None = STATE_DIR / "temporal.db"
-    if not owned:
+    if why_in_memory:
         # Another stack owns .baton/: run on a throwaway DB and in-memory Temporal, so
         # no session row ever points at a workflow that server does not have.
         scratch = Path(tempfile.mkdtemp(prefix="baton-demo-"))
@@ -489,7 +495,10 @@ def demo(
                 console.print(f"Temporal UI: {session['workflow_url']}", soft_wrap=True)
                 failed = _demo_team(http) or failed
                 if db_file is None:
-                    console.print("[dim](another stack owns .baton/: this demo ran in memory)[/]")
+                    console.print(
+                        f"[dim]({why_in_memory}: this demo ran on a scratch database and an "
+                        "in-memory Temporal; its UI links end with it)[/]"
+                    )
                 else:
                     console.print("[dim]`baton dev` serves this history again from .baton/[/]")
                 if failed:
