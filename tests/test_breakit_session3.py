@@ -150,28 +150,24 @@ def test_a_released_channel_does_not_hand_its_memories_to_another_user(
         _agent(client, h["bob"], slug)
     desk = _team("desk", "a-lead", "a-secret")
     assert client.post("/v1/teams", json=desk, headers=h["alice"]).status_code == 201
-    with session_scope(engine) as s:  # what a past run of alice's team stored
-        teams.remember(
-            s,
-            team_id="desk",
-            channel="_team_desk",
-            agent="a-secret",
-            text="merger code word",
-            delegation_id="d1",
-        )
+
+    def alice_run_remembers(text: str, delegation_id: str) -> None:
+        with session_scope(engine) as s:
+            teams.remember(
+                s,
+                team_id="desk",
+                channel="_team_desk",
+                agent="a-secret",
+                text=text,
+                delegation_id=delegation_id,
+            )
+
+    alice_run_remembers("merger code word", "d1")  # what a past run of alice's team stored
     # alice moves her team to another channel (or deletes it): `_team_desk` is free again
     moved = _team("desk", "a-lead", "a-secret", channel="desk-v2")
     assert client.put("/v1/teams/desk", json=moved, headers=h["alice"]).status_code == 200
     claim = _team("bobs", "b-lead", "b-spy", channel="_team_desk")
-    with session_scope(engine) as s:  # a run of alice's team still in flight writes nothing
-        teams.remember(
-            s,
-            team_id="desk",
-            channel="_team_desk",
-            agent="a-secret",
-            text="merger code word again",
-            delegation_id="d2",
-        )
+    alice_run_remembers("merger code word again", "d2")  # a run still in flight: nothing
     assert client.post("/v1/teams", json=claim, headers=h["bob"]).status_code == 201
     with session_scope(engine) as s:
         leaked = teams.relevant_memories(
