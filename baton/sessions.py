@@ -228,7 +228,7 @@ def append_event(
         # Remember the (nested) transaction: rolling back a savepoint drops its events.
         txn = session.get_nested_transaction() or session.get_transaction()
         session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed, txn))
-    elif not (unless_closed and _locked_status(session, session_id) in CLOSED_STATUSES):
+    elif not (unless_closed and lock_session(session, session_id=session_id) in CLOSED_STATUSES):
         # The status was read under SQLite's write lock: no cancel slips in.
         session.execute(sa_insert(EventRow), [row])
 
@@ -285,45 +285,16 @@ def _drop_pending_events(session: Session, previous: Any) -> None:
         session.info[_PENDING_EVENTS] = [p for p in pending if not inside(p[2])]
 
 
-def lock_session(session: Session, *, session_id: str) -> None:
-    """Take ``session_id``'s row lock until the transaction ends.
+def lock_session(session: Session, *, session_id: str) -> str | None:
+    """Take ``session_id``'s row lock until the transaction ends; returns its committed
+    status (None: no such session), read in the same statement.
 
-    PostgreSQL locks the row; SQLite takes the database write lock with a no-op
-    UPDATE (it has no row locks, and its driver opens no transaction for a bare
-    SELECT, so a status read without this can go stale before the next write).
+    PostgreSQL: ``SELECT status … FOR UPDATE``. SQLite has no row locks and its driver
+    opens no transaction for a bare SELECT, so a status read that way could go stale
+    before the next write: a no-op ``UPDATE … RETURNING status`` takes the database
+    write lock instead. A column query, so a row this transaction loaded earlier
+    cannot answer with a stale value.
     """
-    if session.get_bind().dialect.name == "postgresql":
-        session.exec(select(SessionRow.id).where(SessionRow.id == session_id).with_for_update())
-    else:
-        session.execute(
-            sa_update(SessionRow).where(col(SessionRow.id) == session_id).values(id=SessionRow.id)
-        )
-
-
-def is_closed(session: Session, *, session_id: str) -> bool:
-    """Whether ``session_id`` is cancelled or failed, read under its row lock.
-
-    A writer that checks this and then writes in the same transaction cannot land
-    after the ``cancelled`` status event: the cancel waits for the lock, or the
-    writer sees it.
-    """
-    return current_status(session, session_id=session_id) in CLOSED_STATUSES
-
-
-def current_status(session: Session, *, session_id: str) -> str:
-    """``session_id``'s committed status, read under its row lock (a column query, so
-    a row this transaction loaded earlier cannot answer with a stale value).
-
-    Raises SessionNotFound.
-    """
-    found = _locked_status(session, session_id)
-    if found is None:
-        raise SessionNotFound(f"no session '{session_id}'")
-    return found
-
-
-def _locked_status(session: Session, session_id: str) -> str | None:
-    # One statement that locks and reads (see lock_session for the two backends).
     if session.get_bind().dialect.name == "postgresql":
         stmt = select(SessionRow.status).where(SessionRow.id == session_id).with_for_update()
         return session.exec(stmt).first()
@@ -334,6 +305,19 @@ def _locked_status(session: Session, session_id: str) -> str | None:
         .returning(col(SessionRow.status))
     ).first()
     return found[0] if found is not None else None
+
+
+def is_closed(session: Session, *, session_id: str) -> bool:
+    """Whether ``session_id`` is cancelled or failed, read under its row lock.
+
+    A writer that checks this and then writes in the same transaction cannot land
+    after the ``cancelled`` status event: the cancel waits for the lock, or the
+    writer sees it. Raises SessionNotFound.
+    """
+    status = lock_session(session, session_id=session_id)
+    if status is None:
+        raise SessionNotFound(f"no session '{session_id}'")
+    return status in CLOSED_STATUSES
 
 
 def _expire_loaded(session: Session, session_id: str, columns: list[str]) -> None:
