@@ -63,9 +63,14 @@ class Caller:
         from baton import teams
 
         slugs = teams.member_slugs(session, team_id=team_id)
-        if not slugs or not all(self.has(session, s, "viewer") for s in slugs):
+        if not self.sees_team(session, slugs):
             raise teams.TeamNotFound(f"no team '{team_id}'")
         return slugs
+
+    def sees_team(self, session: Session, members: list[str]) -> bool:
+        """Whether a stored team with these ``members`` is visible to the user (viewer on
+        every member); False for no members (no such team)."""
+        return bool(members) and all(self.has(session, s, "viewer") for s in members)
 
     def require_on(self, engine: Engine, agent: str, role: access.Role) -> None:
         """:meth:`require` in a session of its own (for async routes, via ``to_thread``);

@@ -77,7 +77,7 @@ def put_team(
     """Replace the team (201 when it did not exist). The body's id must match the path.
     403 in auth mode unless the caller holds the user role on every old and new member."""
     old = teams.member_slugs(session, team_id=team_id)
-    if old and not all(caller.has(session, s, "viewer") for s in old):
+    if old and not caller.sees_team(session, old):
         # As POST would answer: the id is taken (ids are global), by a team you cannot see.
         raise teams.TeamExists(f"team '{team_id}' already exists")
     _require_members(caller, session, old + [m.agent_id for m in body.members], "user")
@@ -101,7 +101,8 @@ def delete_team(team_id: TeamIdPath, session: SessionDep, caller: CallerDep) -> 
     the caller cannot see (unless she owns a member), else 403."""
     slugs = teams.member_slugs(session, team_id=team_id)
     if not any(caller.has(session, s, "owner") for s in slugs):
-        caller.team_members(session, team_id)
+        if not caller.sees_team(session, slugs):
+            raise teams.TeamNotFound(f"no team '{team_id}'")
         _require_members(caller, session, slugs, "user")
     teams.delete_team(session, team_id=team_id)
     session.commit()
