@@ -25,7 +25,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import heartbeating, store_result, stored_outcome
+from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
 from activities.xagent import SessionNotContinuable, SessionOfOtherAgent
 from baton import auth, delegations, launch, registry, roster, sessions, teams
 from baton.contracts import (
@@ -362,13 +362,12 @@ class DelegationActivities:
             done = stored_outcome(s, tool.message_id)
             if done is not None:
                 return done
-            caller = sessions.get_session(s, session_id=tool.session_id)
-            if caller.status in CLOSED_STATUSES:
+            if sessions.is_closed(s, session_id=tool.session_id):
                 # The caller was cancelled (its cascade cancelled the child, which is why we
                 # got here): nothing reaches its transcript any more.
                 if inp is not None:
                     delegations.finish(s, delegation_id=inp.delegation_id, status="cancelled")
-                return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
+                return cancelled_outcome(tool)
             if inp is not None and finished:
                 status = "completed" if ok else "cancelled" if cancelled else "failed"
                 delegations.finish(

@@ -160,6 +160,11 @@ def stored_outcome(s: Session, message_id: str) -> ToolOutcome | None:
     return ToolOutcome(message_id=done.id, ok=not done.is_error, preview=done.text[:PREVIEW_CHARS])
 
 
+def cancelled_outcome(tool: ToolMessage) -> ToolOutcome:
+    """The outcome of a tool call whose session closed before its result was written."""
+    return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
+
+
 def store_result(
     s: Session, tool: ToolMessage, text: str, *, ok: bool, duration_ms: int | None = None
 ) -> ToolOutcome:
@@ -170,7 +175,7 @@ def store_result(
     a cancel only at its next heartbeat, and nothing may land after ``cancelled``.
     """
     if sessions.is_closed(s, session_id=tool.session_id):
-        return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
+        return cancelled_outcome(tool)
     sessions.add_message(
         s,
         message_id=tool.message_id,
@@ -606,5 +611,5 @@ class SessionActivities:
             if inp.status in CLOSED_STATUSES:
                 for row in reviews.close_pending(s, session_id=inp.session_id, by=inp.status):
                     # The session's own stream has ended; a run root still open hears of it.
-                    resolved = {"review_id": row.id, "status": row.status, "decided_by": inp.status}
-                    delegations.forward(s, inp.session_id, "review_resolved", resolved)
+                    forwarded = reviews.resolved_event(row)
+                    delegations.forward(s, inp.session_id, "review_resolved", forwarded)

@@ -22,7 +22,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import store_result, stored_outcome
+from activities.session import cancelled_outcome, store_result, stored_outcome
 from baton import auth, delegations, policies, registry, reviews, sessions
 from baton.contracts import (
     AuthorizeInput,
@@ -89,8 +89,7 @@ class XAgentActivities:
                 return AuthorizeResult(decision="refused", outcome=done)
             if sessions.is_closed(s, session_id=tool.session_id):
                 # Cancelled while this ran: no review nobody could settle, no audit row.
-                cancelled = ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
-                return AuthorizeResult(decision="refused", outcome=cancelled)
+                return AuthorizeResult(decision="refused", outcome=cancelled_outcome(tool))
 
             def refuse(text: str, decided_by: str | None) -> AuthorizeResult:
                 if decided_by is not None:
@@ -222,7 +221,7 @@ class XAgentActivities:
                     decided_by=row.decided_by,
                     reason=reason,
                 )
-                resolved = {"review_id": row.id, "status": row.status, "decided_by": row.decided_by}
+                resolved = reviews.resolved_event(row)
                 sessions.append_event(
                     s, session_id=row.session_id, type="review_resolved", data=resolved
                 )

@@ -8,7 +8,7 @@ Every settled review and every block gets an audit row.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func
@@ -220,6 +220,11 @@ def pending_in_session(session: Session, *, session_id: str) -> int:
             .where(ReviewRow.session_id == session_id, ReviewRow.status == "pending")
         ).one()
     )
+
+
+def resolved_event(row: ReviewRow) -> dict[str, Any]:
+    """The data of a ``review_resolved`` event (and of its forwarded copy)."""
+    return {"review_id": row.id, "status": row.status, "decided_by": row.decided_by}
 
 
 def close_pending(session: Session, *, session_id: str, by: str) -> list[ReviewRow]:
