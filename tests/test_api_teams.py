@@ -3,9 +3,6 @@ with a real worker (routing priority, trace, delegation events) (seed 002; DESIG
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +13,7 @@ from sqlmodel import Session, select
 from baton import roster
 from baton.db import TeamRow, make_engine
 from tests.test_api_agents import assert_problem
+from tests.test_apply import baton
 from tests.test_e2e_sessions import sse
 
 
@@ -203,36 +201,24 @@ teams:
 """
 
 
-def baton_cli(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "BATON_DATABASE_URL": db_url, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "baton.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_apply_creates_a_team_then_reports_it_unchanged(tmp_path: Path) -> None:
     """`baton apply` with a teams: section creates the team; applying again leaves it unchanged;
     an edited team is reported updated."""
     db_url = f"sqlite:///{tmp_path / 'apply.db'}"
     f = tmp_path / "baton.yaml"
     f.write_text(APPLY_FILE)
-    first = baton_cli(db_url, "apply", "-f", str(f))
+    first = baton(db_url, "apply", "-f", str(f))
     assert first.returncode == 0, first.stderr
     line = next(x for x in first.stdout.splitlines() if "team:desk" in x)
     assert "created" in line
-    second = baton_cli(db_url, "apply", "-f", str(f))
+    second = baton(db_url, "apply", "-f", str(f))
     assert second.returncode == 0, second.stderr
     line = next(x for x in second.stdout.splitlines() if "team:desk" in x)
     assert "unchanged" in line
     assert second.stdout.count("unchanged") == 3
 
     f.write_text(APPLY_FILE.replace("checks facts", "checks every fact"))
-    third = baton_cli(db_url, "apply", "-f", str(f))
+    third = baton(db_url, "apply", "-f", str(f))
     assert third.returncode == 0, third.stderr
     line = next(x for x in third.stdout.splitlines() if "team:desk" in x)
     assert "updated" in line
@@ -256,7 +242,7 @@ def test_apply_refuses_a_team_with_an_unknown_member(tmp_path: Path) -> None:
             "to: checker", "to: ghost"
         )
     )
-    out = baton_cli(db_url, "apply", "-f", str(f))
+    out = baton(db_url, "apply", "-f", str(f))
     assert out.returncode != 0
     assert "ghost" in out.stdout + out.stderr
     engine = make_engine(db_url)
