@@ -347,15 +347,9 @@ class SessionActivities:
         data = {"message_id": inp.assistant_message_id, "text": text, "attempt": attempt}
         sessions.append_event(s, session_id=inp.session_id, type="chunk", data=data)
 
-    @staticmethod
-    def _cancelled(s: Session, session_id: str) -> bool:
-        # A cancel reaches a running activity only with its next heartbeat (up to 0.8 x
-        # the heartbeat timeout later): until then, write nothing for a cancelled session.
-        return sessions.is_closed(s, session_id=session_id)
-
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
         with session_scope(self._engine) as s:
-            if not self._cancelled(s, inp.session_id):
+            if not sessions.is_closed(s, session_id=inp.session_id):
                 self._chunk_event(s, inp, text, attempt)
                 delegations.forward(s, inp.session_id, "chunk", {"content": text})
 
@@ -371,7 +365,7 @@ class SessionActivities:
     ) -> None:
         """Store the reply (and the stream's last chunk) and meter it, in one transaction."""
         with session_scope(self._engine) as s:
-            if self._cancelled(s, inp.session_id):
+            if sessions.is_closed(s, session_id=inp.session_id):
                 return
             metering.record(
                 s,
@@ -419,7 +413,7 @@ class SessionActivities:
     ) -> None:
         """Meter a stream cut for the balance (estimated tokens) and flush its last text."""
         with session_scope(self._engine) as s:
-            if tail and not self._cancelled(s, inp.session_id):
+            if tail and not sessions.is_closed(s, session_id=inp.session_id):
                 self._chunk_event(s, inp, tail, attempt)
             metering.record(
                 s,

@@ -310,9 +310,10 @@ def lock_session(session: Session, *, session_id: str) -> str | None:
 def is_closed(session: Session, *, session_id: str) -> bool:
     """Whether ``session_id`` is cancelled or failed, read under its row lock.
 
-    A writer that checks this and then writes in the same transaction cannot land
-    after the ``cancelled`` status event: the cancel waits for the lock, or the
-    writer sees it. Raises SessionNotFound.
+    A running activity learns of a cancel only at its next heartbeat (up to 0.8 x the
+    heartbeat timeout later), so every writer checks this first. One that checks it
+    and then writes in the same transaction cannot land after the ``cancelled`` status
+    event: the cancel waits for the lock, or the writer sees it. Raises SessionNotFound.
     """
     status = lock_session(session, session_id=session_id)
     if status is None:
