@@ -26,8 +26,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
-from activities.xagent import SessionNotContinuable, SessionOfOtherAgent
-from baton import auth, delegations, launch, registry, roster, sessions, teams
+from activities.xagent import SessionNotContinuable, SessionOfOtherAgent, refuse
+from baton import delegations, launch, permissions, registry, sessions, teams
 from baton.contracts import (
     CLOSED_STATUSES,
     LIMIT_EXCEEDED,
@@ -53,10 +53,22 @@ DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
 
 
 class Refused(Exception):
-    """A delegation refused before its child starts: ``code: message`` for the model."""
+    """A delegation refused before its child starts: ``code: message`` for the model.
 
-    def __init__(self, code: str, message: str) -> None:
+    ``decision`` is set when :func:`baton.permissions.decide` refused it, so that the
+    refusal is audited (as a block, with the path it came by) where it is stored.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        decision: permissions.Decision | None = None,
+        target: str | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
+        self.decision = decision
+        self.target = target
 
 
 @dataclass
@@ -184,46 +196,34 @@ class DelegationActivities:
             agent: ResolvedAgent | None = None
             ref = inp.target
             prompt = inp.prompt
-            team_member = False
             if inp.kind == "task":
                 caller_row = sessions.get_session(s, session_id=inp.caller_session_id)
                 parent = ResolvedAgent.model_validate(caller_row.resolved_agent)
                 agent = child_agent(s, parent, inp.alias or "")
                 ref = agent.pin
-            elif inp.kind in ("delegate_to", "route", "mention"):
-                if inp.target == caller:
-                    raise Refused("self_delegation", "an agent cannot delegate to itself")
-                if inp.team is not None and inp.kind != "mention":
-                    member = next(
-                        (m for m in inp.team.specialists() if m.agent_id == inp.target), None
-                    )
-                    if member is None:
-                        names = ", ".join(m.agent_id for m in inp.team.specialists())
-                        who = f"its members: {names}" if names else "it has no members"
-                        raise Refused(
-                            "not_a_member", f"'{inp.target}' is not a member of this team ({who})"
-                        )
-                    ref = member.pin
-                    team_member = True
-                    prompt = _with_memories(s, inp.team, inp.prompt)
-                elif inp.kind == "delegate_to" and inp.target not in {
-                    slug for slug, _ in roster.roster(s, exclude=caller)
-                }:
-                    raise Refused(
-                        "not_on_roster",
-                        f"'{inp.target}' is not on the delegation roster "
-                        "(agents with delegation.available_for_delegation)",
-                    )
             target_slug = agent.slug if agent else inp.target
-            if inp.config.auth and not auth.has_role(
-                s, user_id=inp.user, agent=target_slug, role="user"
-            ):
-                # The same ACL as invoke_agent: no delegation reaches an agent the user
-                # could not run directly (seed 003, 'Auth mode considerations').
-                raise Refused(
-                    "access_denied",
-                    f"user '{inp.user}' needs the user role on '{target_slug}' to delegate to it",
-                )
+            # One decision for every path (guards, membership or roster, ACL, policy). For
+            # invoke_agent `authorize` decided (and maybe reviewed) already; deciding again
+            # here catches an ACL revoked or a block stored while the review waited.
+            decision = permissions.decide(
+                s,
+                permissions.Request(
+                    caller=caller,
+                    operation="invoke",
+                    target=target_slug,
+                    user=inp.user,
+                    auth=inp.config.auth,
+                    invoked=inp.invoked,
+                    via=inp.kind,
+                    team=inp.team if inp.kind != "mention" else None,
+                ),
+            )
+            if decision.verdict == "refuse":
+                raise Refused(decision.code or "refused", decision.reason, decision, target_slug)
+            team_member = decision.member is not None
+            if decision.member is not None and inp.team is not None:
+                ref = decision.member.pin
+                prompt = _with_memories(s, inp.team, inp.prompt)
             if existing is None:
                 # Serialise this run's delegations: count-then-insert must not interleave, or
                 # parallel delegate_to calls could all pass max_spawns / token_budget.
@@ -319,6 +319,10 @@ class DelegationActivities:
                     )
                     reply = launched.response
             except Refused as exc:
+                if exc.decision is not None:
+                    return await asyncio.to_thread(
+                        self._refused, tool, exc.decision, exc.target, inp.kind
+                    )
                 return await asyncio.to_thread(self._store, tool, str(exc), False, None)
             except EngineUnavailable:
                 raise  # Temporal unreachable: retry the activity
@@ -342,6 +346,18 @@ class DelegationActivities:
         else:
             text = _cut(reply)
         return await asyncio.to_thread(self._store, tool, text, True, inp, reply, sync)
+
+    def _refused(
+        self, tool: ToolMessage, decision: permissions.Decision, target: str | None, via: str
+    ) -> ToolOutcome:
+        """Store a refusal of the permission decision, audited with the path it came by."""
+        with session_scope(self._engine) as s:
+            done = stored_outcome(s, tool.message_id)
+            if done is not None:
+                return done
+            if sessions.is_closed(s, session_id=tool.session_id):
+                return cancelled_outcome(tool)
+            return refuse(s, tool, decision, "invoke", target, via)
 
     def _stored(self, message_id: str) -> ToolOutcome | None:
         with session_scope(self._engine) as s:

@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.session import cancelled_outcome, store_result, stored_outcome
-from baton import auth, delegations, policies, registry, reviews, sessions
+from baton import auth, delegations, permissions, policies, registry, reviews, sessions
 from baton.contracts import (
     AuthorizeInput,
     AuthorizeResult,
@@ -34,10 +34,11 @@ from baton.contracts import (
     ReviewDecision,
     SettleInput,
     SettleResult,
+    ToolMessage,
     ToolOutcome,
     XAgentCall,
 )
-from baton.db import Agent, AgentLivePointer, SessionRow, session_scope, utcnow
+from baton.db import Agent, AgentLivePointer, ReviewRow, SessionRow, session_scope, utcnow
 from baton.errors import BatonError
 from baton.spec import AgentSpec
 
@@ -64,6 +65,32 @@ def _agent(s: Session, slug: str) -> Agent | None:
     return s.exec(select(Agent).where(Agent.slug == slug)).first()
 
 
+def refuse(
+    s: Session,
+    tool: ToolMessage,
+    decision: permissions.Decision,
+    operation: str,
+    target: str | None,
+    via: str | None = None,
+) -> ToolOutcome:
+    """Store a refusal of :func:`baton.permissions.decide` as the tool's error result,
+    audited as a ``block`` (with the path it came by) when the decision says who refused."""
+    if decision.decided_by is not None:
+        reviews.add_audit(
+            s,
+            session_id=tool.session_id,
+            caller=tool.agent_slug,
+            operation=operation,
+            target=target,
+            outcome="block",
+            decided_by=decision.decided_by,
+            # Guards audit their code (the message is the model's); ACL and policy their text.
+            reason=(decision.code or "") if decision.decided_by == "guard" else decision.text,
+            via=via or ("invoke" if operation == "invoke" else None),
+        )
+    return store_result(s, tool, decision.text, ok=False)
+
+
 class XAgentActivities:
     """The X-Agent activities, built with the DB engine and a Temporal client."""
 
@@ -75,11 +102,17 @@ class XAgentActivities:
 
     @activity.defn(name="authorize")
     def authorize(self, inp: AuthorizeInput) -> AuthorizeResult:
-        """ACL (auth mode), then policy precedence; ``review`` opens a review row.
+        """Decide one X-Agent call with :func:`baton.permissions.decide`; ``review``
+        opens a review row.
 
-        Seed 003: ACL checks run first; block is audited and refused at once;
-        review records the row, a ``review_requested`` event and the session
+        Seed 003: guards and ACL checks run first; a block is audited and refused at
+        once; a review records the row, a ``review_requested`` event and the session
         status ``awaiting_input``. Refusals are stored as the tool's error result.
+
+        Idempotent on ``review_id``: once this activity has opened the review, a
+        retry (the worker died before Temporal recorded the result) returns
+        ``review`` again without re-evaluating the policy, so a policy edited
+        meanwhile cannot leave the review pending with nobody waiting on it.
         """
         tool = inp.tool
         caller = tool.agent_slug
@@ -87,49 +120,29 @@ class XAgentActivities:
             done = stored_outcome(s, tool.message_id)
             if done is not None:
                 return AuthorizeResult(decision="refused", outcome=done)
+            if s.get(ReviewRow, inp.review_id) is not None:
+                return AuthorizeResult(decision="review")
             if sessions.is_closed(s, session_id=tool.session_id):
                 # Cancelled while this ran: no review nobody could settle, no audit row.
                 return AuthorizeResult(decision="refused", outcome=cancelled_outcome(tool))
-
-            def refuse(text: str, decided_by: str | None) -> AuthorizeResult:
-                if decided_by is not None:
-                    reviews.add_audit(
-                        s,
-                        session_id=tool.session_id,
-                        caller=caller,
-                        operation=inp.operation,
-                        target=inp.target,
-                        outcome="block",
-                        decided_by=decided_by,
-                        reason=text,
-                    )
-                return AuthorizeResult(
-                    decision="refused", outcome=store_result(s, tool, text, ok=False)
-                )
-
-            target = _agent(s, inp.target) if inp.target is not None else None
-            if inp.target is not None and target is None:
-                return refuse(f"no agent '{inp.target}'; call list_agents to find slugs", None)
-            if inp.operation == "invoke" and target is not None:
-                # No review for a target that cannot run anyway.
-                live = s.get(AgentLivePointer, target.id)
-                if live is None:
-                    state = "retired" if target.retired else "not published"
-                    return refuse(f"agent '{inp.target}' is {state} and cannot be invoked", None)
-            if inp.auth and inp.target is not None:
-                need: auth.Role = "user" if inp.operation == "invoke" else "viewer"
-                if not auth.has_role(s, user_id=inp.user, agent=inp.target, role=need):
-                    return refuse(
-                        f"access denied: {inp.operation} on '{inp.target}' needs the {need} "
-                        f"role for user '{inp.user}', who does not have it",
-                        "acl",
-                    )
-            verdict = policies.decide(s, caller=caller, operation=inp.operation, target=inp.target)
-            if verdict == "allow":
+            decision = permissions.decide(
+                s,
+                permissions.Request(
+                    caller=caller,
+                    operation=inp.operation,
+                    target=inp.target,
+                    user=inp.user,
+                    auth=inp.auth,
+                    invoked=inp.invoked,
+                    via="invoke" if inp.operation == "invoke" else None,
+                ),
+            )
+            if decision.verdict == "allow":
                 return AuthorizeResult(decision="allow")
-            if verdict == "block":
-                what = f"{inp.operation} '{inp.target}'" if inp.target else inp.operation
-                return refuse(f"blocked by policy: {caller} may not {what}", "policy")
+            if decision.verdict == "refuse":
+                return AuthorizeResult(
+                    decision="refused", outcome=refuse(s, tool, decision, inp.operation, inp.target)
+                )
             row, created = reviews.open_review(
                 s,
                 review_id=inp.review_id,
@@ -280,6 +293,7 @@ class XAgentActivities:
                     outcome="block",
                     decided_by="guard",
                     reason=inp.code,
+                    via=inp.via or ("invoke" if inp.operation == "invoke" else None),
                 )
             return store_result(s, inp.tool, f"{inp.code}: {inp.error}", ok=False)
 

@@ -423,7 +423,58 @@ OPERATION_OF: dict[str, Operation] = {
 XAGENT_TOOLS = tuple(OPERATION_OF)
 #: Guard refusal codes (DESIGN §5), returned to the model in the tool error.
 SELF_INVOCATION = "self_invocation"
+SELF_DELEGATION = "self_delegation"
 ONE_HOP_VIOLATION = "one_hop_violation"
+BLOCKED_BY_POLICY = "blocked_by_policy"
+#: Every path by which one agent makes another run (the audit log's ``via``).
+Via = Literal["invoke", "delegate_to", "route", "mention", "task"]
+VIAS: tuple[Via, ...] = ("invoke", "delegate_to", "route", "mention", "task")
+
+
+class GuardRefusal(BaseModel):
+    """A guard's refusal: ``code`` (machine-readable) and the message the model reads."""
+
+    code: str
+    message: str
+
+
+def cross_agent_guard(
+    *, via: Via, caller: str, target: str | None, invoked: bool
+) -> GuardRefusal | None:
+    """The guards every cross-agent path passes first, before ACL and policy (DESIGN §5).
+
+    - self-invocation (seed 000): an agent never makes itself run through
+      invoke_agent (``self_invocation``), delegate_to, a route or a mention
+      (``self_delegation``);
+    - one hop (seed 000, 'One-hop invocation rule', applied to every path): an
+      invoked turn — any turn of a session another agent started, or a turn
+      another agent sent — cannot make a third agent run (``one_hop_violation``).
+      A subagent ``task`` of the agent's own published tree is exempt: the tree
+      was bounded when it was published and the runtime depth ceiling bounds it.
+
+    Pure (no I/O): the workflow calls it before scheduling anything and
+    ``baton.permissions.decide`` calls it again for every path that reaches an
+    activity without the workflow (routes, mentions), so no path skips it.
+    Returns None when the call may go on to the ACL and the policy.
+    """
+    if via == "task":
+        return None
+    if target is not None and target == caller:
+        if via == "invoke":
+            return GuardRefusal(code=SELF_INVOCATION, message="an agent cannot invoke itself")
+        return GuardRefusal(code=SELF_DELEGATION, message="an agent cannot delegate to itself")
+    if invoked:
+        return GuardRefusal(
+            code=ONE_HOP_VIOLATION,
+            message=(
+                "this session was invoked by another agent, and cross-agent invocation is "
+                "limited to one hop: an invoked session cannot invoke or delegate to agents. "
+                "Answer with what you have; the caller can invoke other agents itself."
+            ),
+        )
+    return None
+
+
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 SESSION_ID_PATTERN = r"^session-[0-9a-f-]{36}$"
 
@@ -555,6 +606,9 @@ class AuthorizeInput(BaseModel):
     review_id: str
     preview: str = ""
     auth: bool = False
+    invoked: bool = Field(
+        default=False, description="The calling turn is an invoked one (seed 000, one hop)."
+    )
 
 
 class AuthorizeResult(BaseModel):
@@ -592,6 +646,7 @@ class RefusalInput(BaseModel):
     operation: Operation | None = None
     target: str | None = None
     audit: bool = True
+    via: Via | None = None
 
 
 class XAgentCall(BaseModel):
@@ -616,12 +671,15 @@ class DelegateInput(BaseModel):
     task_queue: str
     config: SessionConfig
     depth: int = 1
-    kind: str = Field(default="invoke", description="invoke | delegate_to | task | route | mention")
+    kind: Via = Field(default="invoke", description="invoke | delegate_to | task | route | mention")
     alias: str | None = Field(default=None, description="task: the subagent's alias.")
     root_session_id: str | None = None
     team: TeamSnapshot | None = None
     run_limits: ResolvedLimits | None = None
     disable_delegation: bool = False
+    invoked: bool = Field(
+        default=False, description="The calling turn is an invoked one (seed 000, one hop)."
+    )
 
 
 # --- Delegation (seed 002 delegate_to, seed 004 subagent task) ---------------------
@@ -667,7 +725,7 @@ class RouteDecision(BaseModel):
     """``kind`` route (a team route) or mention (an @agent); ``call`` is the routed
     ``delegate_to`` call stored in the transcript (None: not routed)."""
 
-    kind: str = "route"
+    kind: Literal["route", "mention"] = "route"
     target: str = ""
     call: ToolCall | None = None
 

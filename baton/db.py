@@ -232,6 +232,9 @@ class AuditRow(SQLModel, table=True):
     outcome: str = Field(max_length=20)  # allow | block | denied_by_user | review_timeout
     decided_by: str = Field(max_length=200)
     reason: str = Field(default="", max_length=500)
+    #: The path an operation that makes another agent run came by (DESIGN §5):
+    #: invoke | delegate_to | route | mention | task; None for list, read and create.
+    via: str | None = Field(default=None, max_length=20)
     at: datetime = _ts(index=True)
 
 

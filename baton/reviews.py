@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
@@ -87,6 +87,7 @@ class AuditPublic(BaseModel):
                     "outcome": "allow",
                     "decided_by": "local",
                     "reason": "allow_once",
+                    "via": "invoke",
                     "at": "2026-11-29T12:00:04Z",
                 }
             ]
@@ -102,6 +103,11 @@ class AuditPublic(BaseModel):
     outcome: AuditOutcome
     decided_by: str
     reason: str
+    via: str | None = Field(
+        default=None,
+        description="How the call came: invoke | delegate_to | route | mention | task "
+        "(None for list, read and create).",
+    )
     at: datetime
 
 
@@ -136,6 +142,7 @@ def audit_public(row: AuditRow) -> AuditPublic:
         outcome=row.outcome,
         decided_by=row.decided_by,
         reason=row.reason,
+        via=row.via,
         at=row.at,
     )
 
@@ -252,8 +259,9 @@ def add_audit(
     decided_by: str,
     review_id: str | None = None,
     reason: str = "",
+    via: str | None = None,
 ) -> AuditRow:
-    """Append one audit row (flush only)."""
+    """Append one audit row (flush only). ``via``: the cross-agent path (DESIGN §5)."""
     row = AuditRow(
         session_id=session_id,
         review_id=review_id,
@@ -263,6 +271,7 @@ def add_audit(
         outcome=outcome,
         decided_by=decided_by,
         reason=reason[:500],
+        via=via,
     )
     session.add(row)
     session.flush()

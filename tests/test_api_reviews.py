@@ -453,7 +453,7 @@ def test_audit_log_outcomes_filters_and_pages(
         blocked_sid = launch(http, "caller")
         settled(http, blocked_sid)
         assert result_of(http, blocked_sid) == {
-            "error": "blocked by policy: caller may not invoke 'target'"
+            "error": "blocked_by_policy: caller may not invoke 'target'"
         }
         assert http.put(
             "/v1/agents/lister/policies", json={"global": {"list": "block"}}

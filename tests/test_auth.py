@@ -373,7 +373,7 @@ def test_viewer_cannot_launch_a_session_user_can(live_auth: tuple[Users, Stack])
 
 
 def test_acl_refuses_an_invoke_before_any_policy_or_review(live_auth: tuple[Users, Stack]) -> None:
-    """A session user without the user role on the target gets 'access denied', no review."""
+    """A session user without the user role on the target gets access_denied, no review."""
     users, st = live_auth
     alice, bob = users["alice"], users["bob"]
     create_agent(bob, "target", [{"reply": "target says hi"}])
@@ -385,9 +385,9 @@ def test_acl_refuses_an_invoke_before_any_policy_or_review(live_auth: tuple[User
         sid = launch(alice, "caller")
         settled(alice, sid)
         tool = [m for m in messages(alice, sid) if m["role"] == "tool"]
-        assert len(tool) == 1 and tool[0]["text"].startswith("access denied"), tool
+        assert len(tool) == 1 and tool[0]["text"].startswith("access_denied: "), tool
         error: dict[str, Any] = result_of(alice, sid)
-        assert "access denied" in error["error"] and "user" in error["error"]
+        assert "access_denied" in error["error"] and "user" in error["error"]
         return error
 
     refused_once()  # no policy: without the ACL this would open a review

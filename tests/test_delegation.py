@@ -24,9 +24,10 @@ from temporalio.worker import Worker
 
 import activities.session as session_activities
 import baton.models
+from activities.delegation import Refused
 from baton import delegations, launch, policies, registry, roster, sessions, teams
-from baton.contracts import Provenance, SessionConfig
-from baton.db import DelegationRow, EventRow, MessageRow, SessionRow, session_scope
+from baton.contracts import DelegateInput, Provenance, SessionConfig, ToolCall, ToolMessage
+from baton.db import AuditRow, DelegationRow, EventRow, MessageRow, SessionRow, session_scope
 from baton.errors import TurnFailed
 from baton.launch import Launched, launch_session
 from baton.spec import AgentSpec
@@ -429,36 +430,94 @@ async def test_adhoc_delegation_runs_and_refusals(
 
 
 def chain(engine: Engine, length: int, **root_spec: Any) -> None:
-    """``c0`` (root) → c1 → … → c<length>; every ci delegates to c(i+1), the last replies LEAF."""
+    """``c0`` (root) → c1 → … → c<length> through subagent ``task``s (one hop exempts a
+    tree's own tasks): each ci's tree has one node ``next`` → c(i+1); the last replies LEAF."""
     for i in range(length, 0, -1):
-        playbook = delegating(f"c{i + 1}") if i < length else [{"reply": "LEAF"}]
-        publish(engine, f"c{i}", playbook=playbook, delegation=ON_ROSTER)
-    publish(engine, "c0", playbook=delegating("c1"), **root_spec)
-    roster.clear_cache()
+        if i == length:
+            publish(engine, f"c{i}", playbook=[{"reply": "LEAF"}])
+        else:
+            publish(engine, f"c{i}", playbook=delegating("next", tool="task"), **_next(i + 1))
+    publish(engine, "c0", playbook=delegating("next", tool="task"), **_next(1), **root_spec)
 
 
-async def test_max_delegation_depth_three_ok_four_refused(
+def _next(i: int) -> dict[str, Any]:
+    return {"subagents": [{"alias": "next", "agent": f"c{i}"}]}
+
+
+async def test_a_delegated_session_cannot_delegate_again(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
-    """max_delegation_depth (default 3): a chain reaches depth 3; the delegation at depth 4 is
-    refused with limit_exceeded before any session starts, and the error travels back up."""
-    chain(db_engine, 3)
-    reached = await run(temporal_env, db_engine, worker, "c0")
-    assert reached.response == "<<<LEAF>>>"
-    assert len(all_sessions(db_engine)) == 4
-
-    chain(db_engine, 4)
-    refused = await run(temporal_env, db_engine, worker, "c0")
-    assert refused.response is not None
-    assert "limit_exceeded: delegation depth 4 exceeds max_delegation_depth 3" in refused.response
-    new = [s for s in all_sessions(db_engine) if s.id != reached.session_id]
-    run_ids = set(delegations_of(db_engine, refused.session_id))
-    assert {s.agent_slug for s in new if s.id in run_ids} == {"c0", "c1", "c2", "c3"}
-    assert "c4" not in {s.agent_slug for s in all_sessions(db_engine)}
-    depths = sorted(
-        d.depth for d in rows(db_engine, DelegationRow) if d.child_session_id in run_ids
+    """One hop on every path: c0 → c1 by roster delegate_to runs, c1's own delegate_to to c2 is
+    refused one_hop_violation (audited as a guard block, via delegate_to) and c2 never starts."""
+    publish(db_engine, "c2", playbook=[{"reply": "LEAF"}], delegation=ON_ROSTER)
+    publish(db_engine, "c1", playbook=delegating("c2"), delegation=ON_ROSTER)
+    publish(db_engine, "c0", playbook=delegating("c1"))
+    roster.clear_cache()
+    done = await run(temporal_env, db_engine, worker, "c0")
+    assert done.response is not None
+    assert done.response.startswith('<<{"error":"one_hop_violation: ')
+    assert sorted(s.agent_slug for s in all_sessions(db_engine)) == ["c0", "c1"]
+    (entry,) = rows(db_engine, AuditRow)
+    assert (entry.caller_agent_slug, entry.target_agent_slug, entry.via) == (
+        "c1",
+        "c2",
+        "delegate_to",
     )
-    assert depths == [1, 2, 3]
+    assert (entry.operation, entry.outcome, entry.decided_by, entry.reason) == (
+        "invoke",
+        "block",
+        "guard",
+        "one_hop_violation",
+    )
+
+
+async def test_an_invoked_session_is_offered_no_roster(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker, calls: list[Call]
+) -> None:
+    """A session another agent started gets neither delegate_to nor the roster block, so its
+    model is not invited to walk around the one-hop rule."""
+    publish(db_engine, "c2", playbook=[{"reply": "LEAF"}], delegation=ON_ROSTER)
+    publish(db_engine, "c1", playbook=[{"reply": "done"}], delegation=ON_ROSTER)
+    publish(db_engine, "c0", playbook=delegating("c1"))
+    roster.clear_cache()
+    await run(temporal_env, db_engine, worker, "c0")
+    by_agent = {c.agent: c for c in calls}
+    assert "delegate_to" in by_agent["c0"].tools
+    assert "delegate_to" not in by_agent["c1"].tools
+    assert "c2" not in by_agent["c1"].system
+
+
+def test_max_delegation_depth_three_ok_four_refused(db_engine: Engine) -> None:
+    """max_delegation_depth (default 3) bounds delegate_to, routes and mentions: depth 3 passes
+    the check, depth 4 is refused limit_exceeded (one hop keeps real runs at depth 1; this is
+    the second line behind it)."""
+    from activities.delegation import _check_limits
+
+    def inp(depth: int) -> DelegateInput:
+        tool = ToolMessage(
+            session_id="session-x",
+            agent_slug="c0",
+            message_id="m",
+            position="000001.001.2000",
+            call=ToolCall(id="c", name="delegate_to", args={}),
+        )
+        return DelegateInput(
+            tool=tool,
+            delegation_id="d",
+            caller_session_id="session-x",
+            user="local",
+            target="c1",
+            prompt="t",
+            task_queue="q",
+            config=TEST_CONFIG,
+            depth=depth,
+            kind="delegate_to",
+        )
+
+    with session_scope(db_engine) as s:
+        _check_limits(s, inp(3), "session-x")
+        with pytest.raises(Refused, match="delegation depth 4 exceeds max_delegation_depth 3"):
+            _check_limits(s, inp(4), "session-x")
 
 
 def delegations_of(engine: Engine, root: str) -> list[str]:
@@ -466,31 +525,19 @@ def delegations_of(engine: Engine, root: str) -> list[str]:
         return delegations.run_sessions(s, root_session_id=root)
 
 
-async def test_max_delegation_depth_is_configurable(
-    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
-) -> None:
-    """SessionConfig(max_delegation_depth=1): depth 1 runs, depth 2 is refused."""
-    chain(db_engine, 2)
-    cfg = TEST_CONFIG.model_copy(update={"max_delegation_depth": 1})
-    done = await run(temporal_env, db_engine, worker, "c0", config=cfg)
-    assert done.response is not None
-    assert "limit_exceeded: delegation depth 2 exceeds max_delegation_depth 1" in done.response
-    assert sorted(s.agent_slug for s in all_sessions(db_engine)) == ["c0", "c1"]
-
-
 async def test_two_agents_delegating_to_each_other_are_bounded(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
-    """ping and pong keep delegating to each other: the run ends with a clear limit_exceeded
-    within the depth bound, after exactly 4 sessions and 8 model calls."""
+    """ping and pong keep delegating to each other: one hop ends the rally at pong's first
+    delegate_to (one_hop_violation), after exactly 2 sessions and 4 model calls."""
     publish(db_engine, "ping", playbook=delegating("pong", "rally"), delegation=ON_ROSTER)
     publish(db_engine, "pong", playbook=delegating("ping", "rally"), delegation=ON_ROSTER)
     roster.clear_cache()
     done = await asyncio.wait_for(run(temporal_env, db_engine, worker, "ping"), 30)
     assert done.response is not None
-    assert done.response.startswith('<<<<{"error":"limit_exceeded: delegation depth 4')
-    assert [s.agent_slug for s in all_sessions(db_engine)] == ["ping", "pong", "ping", "pong"]
-    assert model_calls(db_engine) == 8
+    assert done.response.startswith('<<{"error":"one_hop_violation: ')
+    assert [s.agent_slug for s in all_sessions(db_engine)] == ["ping", "pong"]
+    assert model_calls(db_engine) == 4
     assert {s.status for s in all_sessions(db_engine)} == {"idle"}
 
 
@@ -963,10 +1010,11 @@ async def test_cancel_cascades_two_levels_down(
     """Cancelling the root while its grandchild streams cancels root, child and grandchild;
     no model call starts after the cancel, nothing more is written, and cancelling again is
     harmless."""
-    publish(db_engine, "leaf", playbook=SLOW, delegation=ON_ROSTER)
-    publish(db_engine, "mid", playbook=delegating("leaf"), delegation=ON_ROSTER)
-    roster.clear_cache()
-    publish(db_engine, "top", playbook=delegating("mid"))
+    publish(db_engine, "leaf", playbook=SLOW)
+    mid_tree = [{"alias": "leaf", "agent": "leaf"}]
+    publish(db_engine, "mid", playbook=delegating("leaf", tool="task"), subagents=mid_tree)
+    top_tree = [{"alias": "mid", "agent": "mid"}]
+    publish(db_engine, "top", playbook=delegating("mid", tool="task"), subagents=top_tree)
     root = await run(temporal_env, db_engine, worker, "top", sync=False)
 
     def leaf_streaming() -> bool:

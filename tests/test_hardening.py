@@ -46,7 +46,7 @@ def test_a_message_uses_its_senders_roles_not_the_session_creators(
     sent = bob.post(f"/v1/sessions/{sid}/messages", json={"prompt": "go", "sync": True})
     assert sent.status_code == 200, sent.text
     result = result_of(bob, sid)
-    assert "access denied" in result["error"] and "'bob'" in result["error"]
+    assert "access_denied" in result["error"] and "'bob'" in result["error"]
 
 
 def test_always_allow_needs_the_owner_role_in_auth_mode(live_auth: tuple[Users, Stack]) -> None:
@@ -114,7 +114,7 @@ async def test_always_allow_for_a_deleted_target_saves_no_policy(
     await wait_for(lambda: status(db_engine, run.session_id) == "idle")
     with session_scope(db_engine) as s:
         assert s.exec(select(XAgentPolicy)).all() == []
-    assert "invoke_agent failed" in transcript(db_engine, run.session_id)[-1][1]
+    assert "unknown_agent: no agent 'target'" in transcript(db_engine, run.session_id)[-1][1]
 
 
 async def test_a_retried_settle_still_releases_the_reviews_its_policy_covers(

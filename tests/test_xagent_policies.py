@@ -200,7 +200,7 @@ async def test_precedence_end_to_end(
         assert audit_rows(db_engine) == []
         return
     assert msg.is_error
-    assert msg.text.startswith("blocked by policy"), msg.text
+    assert msg.text.startswith("blocked_by_policy: "), msg.text
     (entry,) = audit_rows(db_engine)
     assert (entry.session_id, entry.caller_agent_slug, entry.operation) == (
         sid,

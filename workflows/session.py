@@ -28,11 +28,9 @@ with workflow.unsafe.imports_passed_through():
         DELEGATION_TOOLS,
         INVALID_PROMPT,
         MAX_MESSAGE_CHARS,
-        ONE_HOP_VIOLATION,
         OPERATION_OF,
         SA_AGENT,
         SA_STATUS,
-        SELF_INVOCATION,
         SESSION_BUSY,
         SESSION_CLOSED,
         XAGENT_ARGS,
@@ -65,7 +63,9 @@ with workflow.unsafe.imports_passed_through():
         TurnOutcome,
         Usage,
         UserMessage,
+        Via,
         XAgentCall,
+        cross_agent_guard,
         position,
     )
     from workflows.options import (
@@ -86,6 +86,7 @@ PATCH_DELEGATION = "delegation-tools"
 PATCH_CASCADE = "cancel-cascades-to-delegations"
 PATCH_ROUTING = "team-routes-and-mentions"
 PATCH_CALL_CAP = "cap-tool-calls-per-reply"
+PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
 #: Decisions kept for reviews that already had their outcome (reported, then dropped).
 MAX_LATE_DECISIONS = 50
 
@@ -426,6 +427,8 @@ class SessionWorkflow:
             and team is None
             and not prov.team_member
             and not prov.disable_delegation
+            # One hop (seed 000) on every path: an invoked turn is offered no roster.
+            and not (self._invoked_turn and workflow.patched(PATCH_ONE_DECISION))
         )
         return DelegationOffer(team=team if lead else None, adhoc=adhoc, task=bool(agent.subagents))
 
@@ -484,19 +487,13 @@ class SessionWorkflow:
             return await self._refuse(tool, "invalid_arguments", _problems(exc), audit=False)
         target: str | None = getattr(args, "slug", None)
         if isinstance(args, InvokeAgentArgs):
-            if args.slug == agent.slug:
-                return await self._refuse(
-                    tool, SELF_INVOCATION, "an agent cannot invoke itself", target=target
-                )
-            if self._invoked_turn:
-                return await self._refuse(
-                    tool,
-                    ONE_HOP_VIOLATION,
-                    "this session was invoked by another agent, and cross-agent invocation "
-                    "is limited to one hop: an invoked session cannot invoke agents. Answer "
-                    "with what you have; the caller can invoke other agents itself.",
-                    target=target,
-                )
+            # The guards every cross-agent path passes (baton.permissions.decide runs them
+            # again in `authorize`); refused here, no review and no policy is consulted.
+            guard = cross_agent_guard(
+                via="invoke", caller=agent.slug, target=args.slug, invoked=self._invoked_turn
+            )
+            if guard is not None:
+                return await self._refuse(tool, guard.code, guard.message, target=target)
         review_id = f"review-{workflow.uuid4()}"
         preview = args.prompt[:500] if isinstance(args, InvokeAgentArgs) else ""
         if call.name == "create_agent":
@@ -513,6 +510,7 @@ class SessionWorkflow:
                     review_id=review_id,
                     preview=preview,
                     auth=self._inp.config.auth,
+                    invoked=self._invoked_turn,
                 ),
                 start_to_close_timeout=STORE_TIMEOUT,
                 retry_policy=STORE_RETRY,
@@ -632,10 +630,28 @@ class SessionWorkflow:
         try:
             if call.name == "delegate_to":
                 offer = self._offer(agent)
+                member = self._inp.provenance.team_member
+                if not member and workflow.patched(PATCH_ONE_DECISION):
+                    # Seed 000's guards on every path (baton.permissions.decide runs them
+                    # again in the `delegate` activity): audited, with the path it came by.
+                    guard = cross_agent_guard(
+                        via="delegate_to",
+                        caller=agent.slug,
+                        target=wanted.agent_id,
+                        invoked=self._invoked_turn,
+                    )
+                    if guard is not None:
+                        return await self._refuse(
+                            tool,
+                            guard.code,
+                            guard.message,
+                            target=wanted.agent_id,
+                            via="delegate_to",
+                        )
                 if offer.team is None and not offer.adhoc:
                     why = (
                         "team members cannot re-delegate"
-                        if self._inp.provenance.team_member
+                        if member
                         else "delegation is off for this session (Solo, or ad-hoc delegation "
                         "disabled)"
                     )
@@ -660,7 +676,7 @@ class SessionWorkflow:
         tool: ToolMessage,
         turn: int,
         *,
-        kind: str,
+        kind: Via,
         target: str,
         prompt: str,
         session_id: str | None = None,
@@ -689,6 +705,7 @@ class SessionWorkflow:
                 team=self._inp.team,
                 run_limits=self._run_limits(self._agent),
                 disable_delegation=self._inp.provenance.disable_delegation,
+                invoked=self._invoked_turn,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
             # The delegation as a whole, retries included, is bounded by the same timeout.
@@ -706,6 +723,7 @@ class SessionWorkflow:
         *,
         target: str | None = None,
         audit: bool = True,
+        via: Via | None = None,
     ) -> ToolOutcome:
         return await workflow.execute_activity_method(
             XAgentActivities.refuse_tool,
@@ -713,9 +731,11 @@ class SessionWorkflow:
                 tool=tool,
                 error=error,
                 code=code,
-                operation=OPERATION_OF.get(tool.call.name),
+                # Every path that makes another agent run is the `invoke` operation.
+                operation=OPERATION_OF.get(tool.call.name) or ("invoke" if via else None),
                 target=target,
                 audit=audit,
+                via=via,
             ),
             start_to_close_timeout=STORE_TIMEOUT,
             retry_policy=STORE_RETRY,
