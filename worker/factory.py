@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,7 +16,7 @@ from temporalio.api.operatorservice.v1 import (
 )
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.delegation import DelegationActivities
@@ -83,8 +83,13 @@ def build_worker(
     task_queue: str,
     max_concurrent_activities: int = 2048,
     activity_threads: int = 64,
+    interceptors: Sequence[Interceptor] = (),
 ) -> Worker:
-    """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough."""
+    """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough.
+
+    ``interceptors`` are added to the worker's (the fault tests use one to kill the
+    process at an exact point).
+    """
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
     warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
     return Worker(
@@ -96,6 +101,7 @@ def build_worker(
         # no thread); blocking DB activities share the thread pool and queue there instead.
         activity_executor=ThreadPoolExecutor(max_workers=activity_threads),
         max_concurrent_activities=max_concurrent_activities,
+        interceptors=interceptors,
         workflow_runner=SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)
         ),

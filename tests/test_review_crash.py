@@ -1,0 +1,99 @@
+"""A worker killed between `authorize` committing a review and Temporal recording it
+(issue 10, item 9): the retried activity returns the review it already opened, even
+though the policy changed meanwhile, so no review is left pending with nobody waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from sqlmodel import select
+from temporalio.testing import WorkflowEnvironment
+
+from baton.contracts import Provenance, ReviewDecision, SessionConfig
+from baton.db import AuditRow, ReviewRow, SessionRow, init_db, make_engine, session_scope
+from baton.launch import launch_session
+from tests.helpers import publish, status, wait_for
+from tests.test_fault import ROOT, start_worker
+from tests.xagent_helpers import caller_playbook, set_policy
+
+
+async def test_a_retried_authorize_keeps_the_review_it_opened(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """SIGKILL right after authorize opened a review; the policy becomes allow; the new
+    worker's retry still waits on that review, which is then decided exactly once."""
+    db_url = f"sqlite:///{tmp_path / 'crash.db'}"
+    engine = make_engine(db_url)
+    init_db(engine)
+    publish(engine, "target", playbook=[{"reply": "TARGET RAN"}])
+    invoke = {"slug": "target", "prompt": "hi", "sync": True}
+    publish(engine, "caller", playbook=caller_playbook("invoke_agent", invoke))
+    queue = f"tq-{uuid.uuid4()}"
+    env = {
+        **os.environ,
+        "BATON_DATABASE_URL": db_url,
+        "BATON_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "BATON_TASK_QUEUE": queue,
+    }
+    marker = tmp_path / "killed"
+    crashing = subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_worker", "authorize", str(marker)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        launched = await launch_session(
+            temporal_env.client,
+            engine,
+            task_queue=queue,
+            config=SessionConfig(review_timeout_s=120),
+            ref="caller",
+            prompt="go",
+            provenance=Provenance(),
+            sync=False,
+        )
+        sid = launched.session_id
+        await asyncio.to_thread(crashing.wait, 60)
+        assert marker.exists() and crashing.returncode == -9
+        with session_scope(engine) as s:
+            (review,) = s.exec(select(ReviewRow)).all()
+            assert review.status == "pending"
+        # The human's policy changes while the worker is dead: a re-evaluation would allow.
+        set_policy(engine, "invoke", "allow")
+
+        second = start_worker(env)
+        handle = temporal_env.client.get_workflow_handle(sid)
+
+        async def waiting() -> bool:
+            pending = await handle.query("pending_reviews")
+            return [p["review_id"] for p in pending] == [review.id]
+
+        deadline = asyncio.get_running_loop().time() + 90
+        while not await waiting():
+            assert asyncio.get_running_loop().time() < deadline, "the retry never waited"
+            await asyncio.sleep(0.25)
+        await handle.signal(
+            "review_decision", ReviewDecision(review_id=review.id, decision="allow_once")
+        )
+        await wait_for(lambda: status(engine, sid) == "idle", timeout=60)
+        with session_scope(engine) as s:
+            (row,) = s.exec(select(ReviewRow)).all()
+            assert row.status == "allowed"
+            audits = s.exec(select(AuditRow)).all()
+            assert [(a.review_id, a.outcome) for a in audits] == [(review.id, "allow")]
+            ran = s.exec(select(SessionRow).where(SessionRow.agent_slug == "target")).all()
+            assert len(ran) == 1
+    finally:
+        for proc in (crashing, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=15)
+        engine.dispose()
