@@ -136,15 +136,67 @@ def revision_public(agent: Agent, rev: AgentRevision) -> RevisionPublic:
     )
 
 
+def _has_history(session: Session, slug: str) -> bool:
+    found = session.exec(select(SessionRow.id).where(SessionRow.agent_slug == slug)).first()
+    return found is not None
+
+
+def slug_taken(session: Session, *, slug: str, auth: bool) -> str | None:
+    """Why ``slug`` cannot be created now, or None when it is free.
+
+    Taken: an agent has it; or, in auth mode, sessions of a deleted agent still
+    carry it (a step's transcript row included). Whoever created the slug again
+    would become the owner of that history: its sessions, transcripts, reviews
+    and audit rows (issue 10, item 3; the ACL of seed 003, 'Auth mode
+    considerations', follows the slug). With auth off there is one user, who
+    already sees that history, so only an existing agent takes a slug. Every
+    creation path (the API, the ``create_agent`` tool) asks this one function.
+    """
+    if session.exec(select(Agent.id).where(Agent.slug == slug)).first() is not None:
+        return f"agent '{slug}' already exists"
+    if auth and _has_history(session, slug):
+        return f"'{slug}' has session history from a deleted agent; choose another slug"
+    return None
+
+
+def free_slug(session: Session, *, base: str, auth: bool) -> str:
+    """``base``, else ``base-2``, ``base-3``… : the first slug :func:`slug_taken` does not refuse.
+
+    Takes the registry lock first, so the slug stays free until this transaction
+    creates it. ``base`` must leave room for the suffix (the ``create_agent``
+    tool cuts names to 56 characters).
+    """
+    lock_registry(session)
+    slug, n = base, 2
+    while slug_taken(session, slug=slug, auth=auth) is not None:
+        slug, n = f"{base}-{n}", n + 1
+    return slug
+
+
 def create_agent(
-    session: Session, *, slug: str, name: str, description: str = "", spec: AgentSpec | None = None
+    session: Session,
+    *,
+    slug: str,
+    name: str,
+    description: str = "",
+    spec: AgentSpec | None = None,
+    user: str | None = None,
 ) -> Agent:
-    """Create an identity and its draft. Raises AgentExists, or a tree-shape InvalidSpec."""
+    """Create an identity and its draft (the one creation path: API, tool, ``baton apply``).
+
+    ``user`` is the acting user in auth mode, None with auth off or for the
+    admin ``baton apply``: with a user, a slug with leftover session history is
+    refused (:func:`slug_taken`) and the spec's references are ACL-checked
+    (see below). Granting roles on the new agent is the
+    caller's (the API makes the user owner, the tool copies the caller's ACL).
+    Raises AgentExists, Forbidden, or a tree-shape InvalidSpec.
+    """
     lock_registry(session)
     spec = spec or AgentSpec()
     check_tree_shape(with_paths(spec.subagents, "spec.subagents"))
-    if session.exec(select(Agent.id).where(Agent.slug == slug)).first() is not None:
-        raise AgentExists(f"agent '{slug}' already exists")
+    taken = slug_taken(session, slug=slug, auth=user is not None)
+    if taken is not None:
+        raise AgentExists(taken)
     agent = Agent(slug=slug, name=name, description=description)
     session.add(agent)
     _flush(session, f"creating '{slug}'")
