@@ -112,7 +112,7 @@ def put_draft(
 ) -> AgentPublic:
     """Replace the mutable draft; tree bounds are checked now, references at publish."""
     caller.require(session, slug, "owner")
-    agent = registry.save_draft(session, slug=slug, spec=body)
+    agent = registry.save_draft(session, slug=slug, spec=body, user=_acl_user(caller))
     session.commit()
     return registry.to_public(session, agent)
 
@@ -131,7 +131,7 @@ def publish(
 ) -> RevisionPublic:
     """Validate and publish the draft as the next version; 200 with the live one if identical."""
     caller.require(session, slug, "owner")
-    rev, created = registry.publish(session, slug=slug)
+    rev, created = registry.publish(session, slug=slug, user=_acl_user(caller))
     session.commit()
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -174,7 +174,7 @@ def restore(
 ) -> AgentPublic:
     """The draft becomes revision ``version``'s spec; the live pointer stays."""
     caller.require(session, slug, "owner")
-    agent = registry.restore(session, slug=slug, version=body.version)
+    agent = registry.restore(session, slug=slug, version=body.version, user=_acl_user(caller))
     session.commit()
     return registry.to_public(session, agent)
 
@@ -189,7 +189,7 @@ def rollback(
 ) -> AgentPublic:
     """The live pointer moves to existing revision ``version``; nothing new is stored."""
     caller.require(session, slug, "owner")
-    agent = registry.rollback(session, slug=slug, version=body.version)
+    agent = registry.rollback(session, slug=slug, version=body.version, user=_acl_user(caller))
     session.commit()
     return registry.to_public(session, agent)
 
@@ -221,7 +221,7 @@ def resolved(
     """The revision after inheritance and narrowing (README 'Resolution rules')."""
     caller.require(session, slug, "viewer")
     ref = f"{slug}@{version}" if version is not None else slug
-    return registry.resolve_agent(session, ref=ref)
+    return registry.resolve_agent(session, ref=ref, user=_acl_user(caller))
 
 
 @router.get(
