@@ -375,13 +375,17 @@ class XAgentActivities:
 
     @staticmethod
     def _create_agent(s: Session, caller: str, inp: XAgentCall, args: CreateAgentArgs) -> str:
-        base = _slugify(args.name)
-        slug, n = base, 2
-        while _agent(s, slug) is not None:
-            slug, n = f"{base}-{n}", n + 1
+        # A slug the registry refuses (an agent has it; in auth mode, a deleted agent's
+        # sessions still carry it) is taken: the tool picks the next free suffix instead.
+        slug = registry.free_slug(s, base=_slugify(args.name), auth=inp.auth)
         spec = AgentSpec.model_validate({"system_prompt": args.instructions or ""})
         registry.create_agent(
-            s, slug=slug, name=args.name, description=args.description or "", spec=spec
+            s,
+            slug=slug,
+            name=args.name,
+            description=args.description or "",
+            spec=spec,
+            user=inp.user if inp.auth else None,
         )
         registry.publish(s, slug=slug)
         if inp.auth:

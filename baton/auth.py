@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from typing import Literal
+from collections.abc import Iterable
+from typing import Literal, NamedTuple
 
 from sqlmodel import Session, col, select
 
@@ -144,6 +145,38 @@ def require(session: Session, *, user_id: str, agent: str, role: Role) -> None:
     """Raise Forbidden unless the user holds at least ``role`` on ``agent``."""
     if not has_role(session, user_id=user_id, agent=agent, role=role):
         raise Forbidden(f"user '{user_id}' needs the {role} role on agent '{agent}'")
+
+
+#: The role a spec reference needs on the agent it names (issue 10, item 4). ``extends``
+#: folds the base's prompt, playbook and tools into the derived agent, which shows and
+#: uses them: reading. A subagent node is run by the tree: the role invoking it needs.
+EXTENDS_ROLE: Role = "viewer"
+SUBAGENT_ROLE: Role = "user"
+
+
+class Reference(NamedTuple):
+    """One agent a spec or a resolved view names: the slug, where (``path``), the role needed."""
+
+    agent: str
+    path: str
+    role: Role
+
+
+def require_references(session: Session, *, user_id: str, references: Iterable[Reference]) -> None:
+    """Raise Forbidden (403, with the reference's ``path`` and ``agent``) for the first
+    reference on whose agent the user lacks its role.
+
+    An agent that does not exist is refused the same way (nobody holds a role on
+    it), so the answer never tells whether a hidden agent exists, as for
+    ``/v1/agents/{slug}``. Auth mode only: callers pass no user with auth off.
+    """
+    for ref in references:
+        if not has_role(session, user_id=user_id, agent=ref.agent, role=ref.role):
+            msg = (
+                f"user '{user_id}' needs the {ref.role} role on agent '{ref.agent}', "
+                f"referenced at {ref.path}"
+            )
+            raise Forbidden(msg, path=ref.path, agent=ref.agent, role=ref.role)
 
 
 def accessible(session: Session, *, user_id: str, role: Role = "viewer") -> list[str]:

@@ -8,12 +8,14 @@ transaction (DESIGN §3; seed 004, 'Identity, drafts, revisions, and rollback').
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from baton import auth, policies
-from baton.contracts import CLOSED_STATUSES, ResolvedAgent
+from baton.contracts import CLOSED_STATUSES, ResolvedAgent, ResolvedNode
 from baton.db import (
     Agent,
     AgentDraft,
@@ -36,7 +38,14 @@ from baton.errors import (
 )
 from baton.resolver import LoadedRevision, Lookup, Resolver
 from baton.schemas import AgentPublic, RevisionPublic
-from baton.spec import AgentSpec, check_tree_shape, parse_ref, spec_digest, with_paths
+from baton.spec import (
+    AgentSpec,
+    check_tree_shape,
+    iter_tree,
+    parse_ref,
+    spec_digest,
+    with_paths,
+)
 
 
 def _dump(spec: AgentSpec) -> dict[str, object]:
@@ -136,15 +145,98 @@ def revision_public(agent: Agent, rev: AgentRevision) -> RevisionPublic:
     )
 
 
+def references(spec: AgentSpec, prefix: str = "") -> list[auth.Reference]:
+    """The agents ``spec`` names, each with the role a user needs on it (auth mode).
+
+    ``extends`` needs :data:`baton.auth.EXTENDS_ROLE` (viewer), every subagent
+    node's ``agent``, at any depth, :data:`baton.auth.SUBAGENT_ROLE` (user); paths
+    are under ``prefix`` (``spec.`` for a create body). Issue 10, item 4.
+    """
+    refs = []
+    if spec.extends:
+        slug = parse_ref(spec.extends)[0]
+        refs.append(auth.Reference(slug, f"{prefix}extends", auth.EXTENDS_ROLE))
+    for node, path, _level in iter_tree(with_paths(spec.subagents, f"{prefix}subagents")):
+        refs.append(auth.Reference(parse_ref(node.agent)[0], f"{path}.agent", auth.SUBAGENT_ROLE))
+    return refs
+
+
+def _require_spec_references(
+    session: Session, user: str | None, slug: str, spec: AgentSpec, prefix: str = ""
+) -> None:
+    """Auth mode: the user holds the role each reference of ``spec`` (agent ``slug``'s) needs.
+
+    A reference to ``slug`` itself is the writer's own agent (being created, or
+    owned: only owners write specs) and is left to the resolver (a cycle is 400).
+    """
+    if user is not None:
+        refs = [r for r in references(spec, prefix) if r.agent != slug]
+        auth.require_references(session, user_id=user, references=refs)
+
+
+def _has_history(session: Session, slug: str) -> bool:
+    found = session.exec(select(SessionRow.id).where(SessionRow.agent_slug == slug)).first()
+    return found is not None
+
+
+def slug_taken(session: Session, *, slug: str, auth: bool) -> str | None:
+    """Why ``slug`` cannot be created now, or None when it is free.
+
+    Taken: an agent has it; or, in auth mode, sessions of a deleted agent still
+    carry it (a step's transcript row included). Whoever created the slug again
+    would become the owner of that history: its sessions, transcripts, reviews
+    and audit rows (issue 10, item 3; the ACL of seed 003, 'Auth mode
+    considerations', follows the slug). With auth off there is one user, who
+    already sees that history, so only an existing agent takes a slug. Every
+    creation path (the API, the ``create_agent`` tool) asks this one function.
+    """
+    if session.exec(select(Agent.id).where(Agent.slug == slug)).first() is not None:
+        return f"agent '{slug}' already exists"
+    if auth and _has_history(session, slug):
+        return f"'{slug}' has session history from a deleted agent; choose another slug"
+    return None
+
+
+def free_slug(session: Session, *, base: str, auth: bool) -> str:
+    """``base``, else ``base-2``, ``base-3``… : the first slug :func:`slug_taken` does not refuse.
+
+    Takes the registry lock first, so the slug stays free until this transaction
+    creates it. ``base`` must leave room for the suffix (the ``create_agent``
+    tool cuts names to 56 characters).
+    """
+    lock_registry(session)
+    slug, n = base, 2
+    while slug_taken(session, slug=slug, auth=auth) is not None:
+        slug, n = f"{base}-{n}", n + 1
+    return slug
+
+
 def create_agent(
-    session: Session, *, slug: str, name: str, description: str = "", spec: AgentSpec | None = None
+    session: Session,
+    *,
+    slug: str,
+    name: str,
+    description: str = "",
+    spec: AgentSpec | None = None,
+    user: str | None = None,
 ) -> Agent:
-    """Create an identity and its draft. Raises AgentExists, or a tree-shape InvalidSpec."""
+    """Create an identity and its draft (the one creation path: API, tool, ``baton apply``).
+
+    ``user`` is the acting user in auth mode, None with auth off or for the
+    admin ``baton apply``: with a user, a slug with leftover session history is
+    refused (:func:`slug_taken`) and the spec's references need their roles
+    (:func:`references`: viewer for ``extends``, user for a subagent). Granting
+    roles on the new agent is the caller's (the API makes the user owner, the
+    tool copies the caller's ACL).
+    Raises AgentExists, Forbidden, or a tree-shape InvalidSpec.
+    """
     lock_registry(session)
     spec = spec or AgentSpec()
     check_tree_shape(with_paths(spec.subagents, "spec.subagents"))
-    if session.exec(select(Agent.id).where(Agent.slug == slug)).first() is not None:
-        raise AgentExists(f"agent '{slug}' already exists")
+    taken = slug_taken(session, slug=slug, auth=user is not None)
+    if taken is not None:
+        raise AgentExists(taken)
+    _require_spec_references(session, user, slug, spec, "spec.")
     agent = Agent(slug=slug, name=name, description=description)
     session.add(agent)
     _flush(session, f"creating '{slug}'")
@@ -181,13 +273,16 @@ def update_agent(
     return agent
 
 
-def save_draft(session: Session, *, slug: str, spec: AgentSpec) -> Agent:
+def save_draft(session: Session, *, slug: str, spec: AgentSpec, user: str | None = None) -> Agent:
     """Replace the draft. Tree-shape bounds are checked now, references at publish.
 
-    Raises AgentNotFound, TreeTooDeep, TreeTooLarge, DuplicateAlias.
+    With ``user`` (auth mode), the spec's own references need their roles now
+    (:func:`references`); whether they resolve is still checked at publish.
+    Raises AgentNotFound, Forbidden, TreeTooDeep, TreeTooLarge, DuplicateAlias.
     """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
+    _require_spec_references(session, user, slug, spec)
     check_tree_shape(with_paths(spec.subagents))
     draft = _draft(session, agent)
     if draft.spec == _dump(spec):
@@ -239,10 +334,50 @@ def db_lookup(session: Session) -> Lookup:
     return _lookup
 
 
-def resolve_agent(session: Session, *, ref: str) -> ResolvedAgent:
-    """The effective configuration of ``ref`` (see :mod:`baton.resolver`)."""
+def resolve_agent(session: Session, *, ref: str, user: str | None = None) -> ResolvedAgent:
+    """The effective configuration of ``ref`` (see :mod:`baton.resolver`).
+
+    With ``user`` (auth mode) the view is refused (Forbidden, 403) unless the
+    user holds viewer on every agent whose content it folds in
+    (:func:`shown_references`): refused rather than redacted, because the folded
+    fields (prompt, playbook, tools, skills, limits) mix every layer and cannot
+    be split without telling what the hidden layer holds. Issue 10, item 4.
+    """
     agent, rev = resolve_ref(session, ref=ref)
-    return Resolver(db_lookup(session)).resolve(_loaded(agent, rev))
+    lookup = db_lookup(session)
+    resolver = Resolver(lookup)
+    resolved = resolver.resolve(_loaded(agent, rev))
+    if user is not None:
+        shown = shown_references(resolved, lambda pin: resolver.chain(lookup(pin)))
+        auth.require_references(session, user_id=user, references=shown)
+    return resolved
+
+
+def shown_references(
+    resolved: ResolvedAgent, chain_of: Callable[[str], list[LoadedRevision]]
+) -> list[auth.Reference]:
+    """Every agent whose content ``resolved`` shows, as viewer references with their paths.
+
+    The agent's ``extends`` chain (``inheritance[i]``), and for each subagent node
+    at any depth its agent and that agent's own chain (both at the node's
+    ``….agent`` path: its ``system_prompt`` folds them in). ``chain_of(pin)``
+    returns a revision and its bases, derived first (:meth:`Resolver.chain`).
+    """
+    refs = [
+        auth.Reference(parse_ref(pin)[0], f"inheritance[{i}]", "viewer")
+        for i, pin in enumerate(resolved.inheritance)
+        if i > 0
+    ]
+
+    def walk(nodes: list[ResolvedNode], prefix: str) -> None:
+        for i, node in enumerate(nodes):
+            path = f"{prefix}subagents[{i}]"
+            for rev in chain_of(f"{node.agent}@{node.version}"):
+                refs.append(auth.Reference(rev.slug, f"{path}.agent", "viewer"))
+            walk(node.subagents, f"{path}.")
+
+    walk(resolved.subagents, "")
+    return refs
 
 
 def _as_live_lookup(session: Session, agent: Agent, candidate: LoadedRevision) -> Lookup:
@@ -286,16 +421,33 @@ def _live_graph(session: Session) -> dict[str, tuple[Agent, AgentRevision, set[s
     }
 
 
-def _validate_as_live(session: Session, agent: Agent, candidate: LoadedRevision) -> None:
+def _validate_as_live(
+    session: Session, agent: Agent, candidate: LoadedRevision, user: str | None
+) -> None:
     """Validate ``candidate`` and every live agent that depends on it, transitively.
 
     A base that changes under live derived agents could otherwise push them past
     a bound (duplicate alias, tree size, chain length) or into a cycle. Raises the
     InvalidSpec of the first failure; for a dependent, naming it in ``dependent``.
+
+    With ``user`` (auth mode), before anything resolves, the candidate's own
+    references need their roles (so a hidden agent answers 403 like a missing
+    one, not 400 ``unknown_agent``); once its chain resolves, so do the
+    references of every base in it: each base needs viewer (its content is
+    folded in), each inherited subagent node user (the tree runs it), with
+    paths like ``base@2:subagents[0].agent``. Raises Forbidden.
     """
+    _require_spec_references(session, user, candidate.slug, candidate.spec)
     check_tree_shape(with_paths(candidate.spec.subagents))
     resolver = Resolver(_as_live_lookup(session, agent, candidate))
     resolver.resolve(candidate)
+    if user is not None:
+        inherited = [
+            ref
+            for base in resolver.chain(candidate)[1:]
+            for ref in references(base.spec, f"{base.pin}:")
+        ]
+        auth.require_references(session, user_id=user, references=inherited)
     graph = _live_graph(session)
     affected: list[str] = []
     frontier = {candidate.slug}
@@ -327,13 +479,15 @@ def _set_live(session: Session, agent: Agent, version: int) -> None:
     session.add_all([pointer, agent])
 
 
-def publish(session: Session, *, slug: str) -> tuple[AgentRevision, bool]:
+def publish(session: Session, *, slug: str, user: str | None = None) -> tuple[AgentRevision, bool]:
     """Publish the draft: validate, store revision N+1, move the live pointer.
 
     Returns ``(revision, created)``; ``created`` is False when the draft is
     identical (same digest) to the live revision, and nothing is written.
-    Publishing a retired agent brings it back. Raises AgentNotFound or any
-    InvalidSpec (400) from :func:`baton.resolver.Resolver.resolve`.
+    Publishing a retired agent brings it back. With ``user`` (auth mode) the
+    references are ACL-checked (see :func:`_validate_as_live`). Raises
+    AgentNotFound, Forbidden or any InvalidSpec (400) from
+    :func:`baton.resolver.Resolver.resolve`.
     """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
@@ -355,6 +509,7 @@ def publish(session: Session, *, slug: str) -> tuple[AgentRevision, bool]:
             name=agent.name,
             description=agent.description,
         ),
+        user,
     )
     latest = session.exec(
         select(func.max(AgentRevision.version)).where(AgentRevision.agent_id == _id(agent))
@@ -384,11 +539,16 @@ def get_revision(session: Session, *, slug: str, version: int) -> AgentRevision:
     return _revision(session, get_agent(session, slug=slug), version)
 
 
-def restore(session: Session, *, slug: str, version: int) -> Agent:
-    """Copy revision ``version`` into the draft; the live pointer does not move."""
+def restore(session: Session, *, slug: str, version: int, user: str | None = None) -> Agent:
+    """Copy revision ``version`` into the draft; the live pointer does not move.
+
+    A draft save: with ``user`` (auth mode) the revision's references need their
+    roles, as for :func:`save_draft`. Raises AgentNotFound, RevisionNotFound, Forbidden.
+    """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     rev = _revision(session, agent, version)
+    _require_spec_references(session, user, slug, AgentSpec.model_validate(rev.spec))
     draft = _draft(session, agent)
     draft.spec = dict(rev.spec)
     draft.updated_at = agent.updated_at = utcnow()
@@ -397,17 +557,18 @@ def restore(session: Session, *, slug: str, version: int) -> Agent:
     return agent
 
 
-def rollback(session: Session, *, slug: str, version: int) -> Agent:
+def rollback(session: Session, *, slug: str, version: int, user: str | None = None) -> Agent:
     """Move the live pointer to existing revision ``version``; no new content.
 
     The revision is validated against today's registry first (a base it extends
-    may have changed since it was published). Brings a retired agent back.
-    Raises AgentNotFound, RevisionNotFound, InvalidSpec.
+    may have changed since it was published), and with ``user`` (auth mode) its
+    references are ACL-checked as at publish. Brings a retired agent back.
+    Raises AgentNotFound, RevisionNotFound, InvalidSpec, Forbidden.
     """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     rev = _revision(session, agent, version)
-    _validate_as_live(session, agent, _loaded(agent, rev))
+    _validate_as_live(session, agent, _loaded(agent, rev), user)
     _set_live(session, agent, version)
     _flush(session, f"rolling back '{slug}'")
     return agent

@@ -6,11 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 
-from api.deps import CallerDep, SessionDep
+from api.deps import Caller, CallerDep, SessionDep
 from api.problems import problem_responses
-from baton import auth, policies, registry, sessions
+from baton import auth, policies, registry
 from baton.contracts import ResolvedAgent
-from baton.errors import AgentExists
 from baton.schemas import (
     MAX_OFFSET,
     MAX_VERSION,
@@ -28,6 +27,11 @@ router = APIRouter(prefix="/v1/agents", tags=["agents"])
 SlugPath = Annotated[str, Path(pattern=SLUG_PATTERN, examples=["researcher"])]
 
 
+def _acl_user(caller: Caller) -> str | None:
+    """The user whose roles the registry checks: None with auth off (everything allowed)."""
+    return caller.user if caller.auth else None
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -37,16 +41,16 @@ SlugPath = Annotated[str, Path(pattern=SLUG_PATTERN, examples=["researcher"])]
 def create_agent(body: AgentCreate, session: SessionDep, caller: CallerDep) -> AgentPublic:
     """Create ``slug`` with its first draft. 409 ``agent_exists`` when taken.
 
-    In auth mode the creator becomes the agent's owner.
+    In auth mode the creator becomes the agent's owner, and a slug that still has
+    sessions of a deleted agent is taken too (``registry.slug_taken``).
     """
-    if caller.auth and sessions.list_sessions(session, agent=body.slug, limit=1)[1]:
-        # The slug has history from a deleted agent: its creator would become the owner
-        # of those sessions, reviews and audit rows.
-        raise AgentExists(
-            f"'{body.slug}' has session history from a deleted agent; choose another slug"
-        )
     agent = registry.create_agent(
-        session, slug=body.slug, name=body.name, description=body.description, spec=body.spec
+        session,
+        slug=body.slug,
+        name=body.name,
+        description=body.description,
+        spec=body.spec,
+        user=_acl_user(caller),
     )
     if caller.auth:
         auth.grant(session, agent=body.slug, user_id=caller.user, role="owner")
@@ -108,7 +112,7 @@ def put_draft(
 ) -> AgentPublic:
     """Replace the mutable draft; tree bounds are checked now, references at publish."""
     caller.require(session, slug, "owner")
-    agent = registry.save_draft(session, slug=slug, spec=body)
+    agent = registry.save_draft(session, slug=slug, spec=body, user=_acl_user(caller))
     session.commit()
     return registry.to_public(session, agent)
 
@@ -127,7 +131,7 @@ def publish(
 ) -> RevisionPublic:
     """Validate and publish the draft as the next version; 200 with the live one if identical."""
     caller.require(session, slug, "owner")
-    rev, created = registry.publish(session, slug=slug)
+    rev, created = registry.publish(session, slug=slug, user=_acl_user(caller))
     session.commit()
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -170,7 +174,7 @@ def restore(
 ) -> AgentPublic:
     """The draft becomes revision ``version``'s spec; the live pointer stays."""
     caller.require(session, slug, "owner")
-    agent = registry.restore(session, slug=slug, version=body.version)
+    agent = registry.restore(session, slug=slug, version=body.version, user=_acl_user(caller))
     session.commit()
     return registry.to_public(session, agent)
 
@@ -185,7 +189,7 @@ def rollback(
 ) -> AgentPublic:
     """The live pointer moves to existing revision ``version``; nothing new is stored."""
     caller.require(session, slug, "owner")
-    agent = registry.rollback(session, slug=slug, version=body.version)
+    agent = registry.rollback(session, slug=slug, version=body.version, user=_acl_user(caller))
     session.commit()
     return registry.to_public(session, agent)
 
@@ -217,7 +221,7 @@ def resolved(
     """The revision after inheritance and narrowing (README 'Resolution rules')."""
     caller.require(session, slug, "viewer")
     ref = f"{slug}@{version}" if version is not None else slug
-    return registry.resolve_agent(session, ref=ref)
+    return registry.resolve_agent(session, ref=ref, user=_acl_user(caller))
 
 
 @router.get(
