@@ -563,6 +563,12 @@ class ReviewDecision(BaseModel):
     scope: Literal["target", "all"] | None = None
     decided_by: SafeText = Field(default="temporal-cli", min_length=1, max_length=200)
     decision_id: str | None = Field(default=None, max_length=80)
+    proof: str | None = Field(
+        default=None,
+        max_length=128,
+        description="HMAC-SHA256 (hex) the API or the worker adds (baton.reviews.prove); "
+        "a decision without a valid one is recorded as 'temporal (unverified)'.",
+    )
 
 
 class AuthorizeInput(BaseModel):
@@ -594,6 +600,9 @@ class SettleInput(BaseModel):
     outcome: ReviewOutcome
     decision: ReviewDecision | None = None
     timeout_s: float = 300.0
+    auth: bool = Field(
+        default=False, description="Auth mode: an unproven decision never saves a policy."
+    )
 
 
 class SettleResult(BaseModel):

@@ -628,6 +628,7 @@ class SessionWorkflow:
                 outcome=outcome,
                 decision=decision,
                 timeout_s=timeout,
+                auth=self._inp.config.auth,
             ),
             start_to_close_timeout=STORE_TIMEOUT,
             retry_policy=STORE_RETRY,
