@@ -39,11 +39,12 @@ from baton.errors import InvalidSettings
 from baton.settings import DEV_REVIEW_KEY, MIN_REVIEW_SECRET, Settings
 from tests.conftest import venv_bin
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
+from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, pending, poll, running_stack
 from tests.test_api_reviews import decide as api_decide
 from tests.test_api_reviews import launch as api_launch
 from tests.test_api_reviews import settled as api_settled
-from tests.test_auth import Users, add_user, create_agent
+from tests.test_auth import Users, add_user, create_agent, grant
 from tests.xagent_helpers import (
     audit_rows,
     caller_playbook,
@@ -171,11 +172,21 @@ def test_the_review_secret_is_required_in_auth_mode_and_32_characters_long(
     assert ok not in repr(Settings(_env_file=None, review_secret=ok))
 
 
-@pytest.mark.parametrize("command", ["api", "worker"])
+@pytest.mark.parametrize(
+    ("argv", "exit_code"),
+    [
+        (["baton.cli", "api"], 1),
+        (["baton.cli", "worker"], 1),
+        # The app factory itself (deployments may run it under uvicorn): its lifespan refuses.
+        (["uvicorn", "api.app:create_app", "--factory", "--port", "0"], 3),
+    ],
+    ids=["baton-api", "baton-worker", "uvicorn-factory"],
+)
 def test_api_and_worker_refuse_to_start_in_auth_mode_without_a_secret(
-    command: str, tmp_path: Path
+    argv: list[str], exit_code: int, tmp_path: Path
 ) -> None:
-    """`baton api` / `baton worker` with BATON_AUTH=on and no secret exit 1, saying why."""
+    """`baton api`, `baton worker` and the API app with BATON_AUTH=on and no secret stop at
+    start, saying why."""
     env = {
         "PATH": str(Path(sys.executable).parent),
         "HOME": str(tmp_path),
@@ -184,7 +195,7 @@ def test_api_and_worker_refuse_to_start_in_auth_mode_without_a_secret(
         "BATON_TEMPORAL_ADDRESS": "127.0.0.1:1",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "baton.cli", command],
+        [sys.executable, "-m", *argv],
         capture_output=True,
         text=True,
         timeout=60,
@@ -192,7 +203,7 @@ def test_api_and_worker_refuse_to_start_in_auth_mode_without_a_secret(
         env=env,
         check=False,
     )
-    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.returncode == exit_code, (done.stdout, done.stderr)
     assert "BATON_REVIEW_SECRET is required with BATON_AUTH=on" in done.stderr
 
 
@@ -219,8 +230,8 @@ def test_a_forged_always_allow_signal_in_auth_mode_allows_once_and_saves_no_poli
     temporal_env: WorkflowEnvironment, auth_stack: tuple[Users, Stack]
 ) -> None:
     """Temporal CLI `always_allow, scope all, decided_by alice`: allowed once, unverified, no
-    policy; alice's API always_allow is proven (audited as alice, policy saved) and the review
-    it covers is resolved as the policy's doing, not as unverified."""
+    policy; through the API only the owner may always_allow: alice's is proven (audited as
+    alice, policy saved) and the review it covers is resolved as the policy's, not unverified."""
     users, st = auth_stack
     alice = users["alice"]
     create_agent(alice, "target", [{"reply": "target says hi"}])
@@ -254,6 +265,11 @@ def test_a_forged_always_allow_signal_in_auth_mode_allows_once_and_saves_no_poli
     second, third = api_launch(alice, "caller"), api_launch(alice, "caller")
     waiting = pending(alice, 2)
     by_session = {r["session_id"]: r for r in waiting}
+    # Saving a policy is an owner's edit: bob, a user of the caller, may not.
+    grant(st.engine, "caller", "bob", "user")
+    bob_tries = api_decide(users["bob"], by_session[second]["id"], "always_allow", scope="all")
+    assert_problem(bob_tries, 403, "forbidden")
+    assert alice.get(f"/v1/reviews/{by_session[second]['id']}").json()["status"] == "pending"
     resp = api_decide(alice, by_session[second]["id"], "always_allow", scope="all")
     assert resp.status_code == 200, resp.text
     assert (resp.json()["decided_by"], resp.json()["decision"]) == ("alice", "always_allow")
