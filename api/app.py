@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cfg = settings or get_settings()
+        cfg.review_key()  # auth mode without BATON_REVIEW_SECRET: refuse to start, clearly
         engine = make_engine(cfg.database_url)
         init_db(engine)
         app.state.settings = cfg

@@ -114,6 +114,10 @@ def api(
     """Serve the HTTP API (uvicorn)."""
     import uvicorn
 
+    from baton.settings import get_settings
+
+    with _errors():
+        get_settings().review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port)
 
 
@@ -216,10 +220,12 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 def worker() -> None:
     """Run a worker for BATON_TASK_QUEUE against BATON_TEMPORAL_ADDRESS until Ctrl-C."""
     from baton.settings import get_settings
-    from worker.stack import run_services
 
     with _errors():
         settings = get_settings()
+        settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
+    from worker.stack import run_services  # heavy (workflows, models): after the checks
+
     console.print(
         f"worker on task queue [bold]{settings.task_queue}[/] at {settings.temporal_address}"
     )
@@ -254,6 +260,7 @@ def dev(
 
     with _errors():
         settings = get_settings()
+        settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
     lock = StateLock(STATE_DIR)
     if not lock.acquire():
         err_console.print(
@@ -454,6 +461,7 @@ def demo(
 
     with _errors():
         settings = get_settings()
+        settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
     lock = StateLock(STATE_DIR)
     why_in_memory = (
         "another stack owns .baton/"

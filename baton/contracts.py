@@ -227,6 +227,15 @@ class TeamSnapshot(BaseModel):
         return [m for m in self.members if m.role == "specialist"]
 
 
+# Issue 10, item 9: bounds of the review memory SessionInput carries (LateDecision below).
+#: Decisions a session keeps for reviews that already had their outcome or that it does
+#: not know (the newest; reported by Query ``late_decisions``).
+MAX_LATE_DECISIONS = 50
+#: Settled review ids a session remembers, to tell a decision that came too late from one
+#: naming a review it never had; older ids read as ``unknown_review``.
+MAX_SETTLED_REVIEWS = 200
+
+
 class SessionInput(BaseModel):
     """SessionWorkflow input. ``agent`` and ``turn`` are carried across continue-as-new."""
 
@@ -241,6 +250,17 @@ class SessionInput(BaseModel):
     turn: int = 0
     team: TeamSnapshot | None = Field(
         default=None, description="Team run: the team, members pinned at launch."
+    )
+    late_decisions: list[LateDecision] = Field(
+        default_factory=list,
+        max_length=MAX_LATE_DECISIONS,
+        description="Carried across continue-as-new: the newest decisions that changed nothing.",
+    )
+    settled_reviews: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_SETTLED_REVIEWS,
+        description="Carried across continue-as-new: ids of the newest reviews this session "
+        "settled, oldest first (a later decision for one is too_late, not unknown_review).",
     )
 
 
@@ -594,6 +614,12 @@ class ReviewDecision(BaseModel):
     scope: Literal["target", "all"] | None = None
     decided_by: SafeText = Field(default="temporal-cli", min_length=1, max_length=200)
     decision_id: str | None = Field(default=None, max_length=80)
+    proof: str | None = Field(
+        default=None,
+        max_length=128,
+        description="HMAC-SHA256 (hex) the API or the worker adds (baton.reviews.prove); "
+        "a decision without a valid one is recorded as 'temporal (unverified)'.",
+    )
 
 
 class AuthorizeInput(BaseModel):
@@ -628,6 +654,9 @@ class SettleInput(BaseModel):
     outcome: ReviewOutcome
     decision: ReviewDecision | None = None
     timeout_s: float = 300.0
+    auth: bool = Field(
+        default=False, description="Auth mode: an unproven decision never saves a policy."
+    )
 
 
 class SettleResult(BaseModel):
@@ -807,3 +836,22 @@ class DeliverableResult(BaseModel):
     ok: bool
     deliverable: Any = None
     errors: list[str] = Field(default_factory=list)
+
+
+# --- Issue 10, item 9: late decisions, carried across continue-as-new -----------------
+
+
+class LateDecision(BaseModel):
+    """A ``review_decision`` Signal that changed nothing (Query ``late_decisions``).
+
+    ``too_late``: the review had its outcome (a decision or the timeout) already;
+    ``unknown_review``: no review of this session has that id (or it was settled
+    more than :data:`MAX_SETTLED_REVIEWS` reviews ago).
+    """
+
+    review_id: str = Field(max_length=80)
+    decision: Decision
+    reason: Literal["too_late", "unknown_review"]
+
+
+SessionInput.model_rebuild()

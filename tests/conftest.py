@@ -40,6 +40,17 @@ def _fresh_roster() -> None:
     roster.clear_cache()
 
 
+#: BATON_REVIEW_SECRET of every test: an auth-mode API or worker refuses to start without
+#: one (issue 10, item 5); a stack's API and worker read the same value, so they agree.
+TEST_REVIEW_SECRET = "test-review-secret-not-for-production-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _review_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Settings() a test builds has a review secret, as a deployment must."""
+    monkeypatch.setenv("BATON_REVIEW_SECRET", TEST_REVIEW_SECRET)
+
+
 def _pg_bin() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not found:

@@ -194,10 +194,13 @@ async def run_services(
     """Run the worker (and the API when ``api_port`` is set) until ``stop`` is set."""
     from api.app import create_app
 
+    review_key = settings.review_key()  # before any connection: a bad secret stops the start
     engine = make_engine(settings.database_url)
     init_db(engine)
     client = await connect(settings)
-    worker = build_worker(client, engine=engine, task_queue=settings.task_queue)
+    worker = build_worker(
+        client, engine=engine, task_queue=settings.task_queue, review_key=review_key
+    )
     server = None
     if api_port is not None:
         config = uvicorn.Config(

@@ -27,7 +27,9 @@ with workflow.unsafe.imports_passed_through():
     from baton.contracts import (
         DELEGATION_TOOLS,
         INVALID_PROMPT,
+        MAX_LATE_DECISIONS,
         MAX_MESSAGE_CHARS,
+        MAX_SETTLED_REVIEWS,
         OPERATION_OF,
         SA_AGENT,
         SA_STATUS,
@@ -40,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         DelegateToArgs,
         DelegationOffer,
         InvokeAgentArgs,
+        LateDecision,
         LoadAgentInput,
         ModelTurnInput,
         ModelTurnResult,
@@ -87,8 +90,6 @@ PATCH_CASCADE = "cancel-cascades-to-delegations"
 PATCH_ROUTING = "team-routes-and-mentions"
 PATCH_CALL_CAP = "cap-tool-calls-per-reply"
 PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
-#: Decisions kept for reviews that already had their outcome (reported, then dropped).
-MAX_LATE_DECISIONS = 50
 
 
 @workflow.defn(name="Session")
@@ -114,7 +115,11 @@ class SessionWorkflow:
         # arrive before `_review` opens it; it is kept for `_review` to find.
         self._expected_reviews: set[str] = set()
         self._decisions: dict[str, ReviewDecision] = {}
-        self._late_decisions: list[dict[str, Any]] = []
+        # Both carried across continue-as-new, bounded (issue 10, item 9): the decisions
+        # that changed nothing, and the reviews settled here (an ordered set, oldest first)
+        # so a decision for one of them reads too_late and any other id unknown_review.
+        self._late_decisions: list[LateDecision] = list(inp.late_decisions)
+        self._settled_reviews: dict[str, None] = dict.fromkeys(inp.settled_reviews)
 
     @workflow.run
     async def run(self, inp: SessionInput) -> str:
@@ -179,6 +184,9 @@ class SessionWorkflow:
                 agent=self._agent,
                 turn=self._turn,
                 team=self._inp.team,
+                # Payloads only: the command sequence is unchanged, so no patch is needed.
+                late_decisions=self._late_decisions,
+                settled_reviews=list(self._settled_reviews),
             )
         )
 
@@ -200,8 +208,9 @@ class SessionWorkflow:
 
     @workflow.query(name="late_decisions")
     def late_decisions(self) -> list[dict[str, Any]]:
-        """Decisions that arrived after their review's outcome (or for unknown reviews)."""
-        return list(self._late_decisions)
+        """The newest (≤ MAX_LATE_DECISIONS) decisions that changed nothing, oldest first:
+        ``[{review_id, decision, reason: too_late | unknown_review}]`` (issue 10, item 9)."""
+        return [d.model_dump() for d in self._late_decisions]
 
     @workflow.signal(name="review_decision")
     def review_decision(self, decision: ReviewDecision) -> None:
@@ -209,18 +218,24 @@ class SessionWorkflow:
 
         The first decision for an open review wins; one that arrives after the
         review's outcome (decided or timed out) changes nothing and is kept in
-        ``late_decisions`` so the sender can be told it was too late.
+        ``late_decisions`` as ``too_late``, one naming no review of this session as
+        ``unknown_review``, so the sender can be told. Who decided is not checked
+        here (workflows cannot read the secret): ``settle_review`` verifies the proof.
         """
         rid = decision.review_id
         open_ = rid in self._open_reviews or rid in self._expected_reviews
         if open_ and rid not in self._decisions:
             self._decisions[rid] = decision
             return
-        workflow.logger.warning("review %s: decision %s too late, ignored", rid, decision.decision)
-        if len(self._late_decisions) < MAX_LATE_DECISIONS:
-            self._late_decisions.append(
-                {"review_id": rid, "decision": decision.decision, "reason": "too_late"}
-            )
+        known = open_ or rid in self._settled_reviews
+        reason = "too_late" if known else "unknown_review"
+        workflow.logger.warning(
+            "review %s: decision %s ignored (%s)", rid, decision.decision, reason
+        )
+        self._late_decisions.append(
+            LateDecision(review_id=rid, decision=decision.decision, reason=reason)
+        )
+        del self._late_decisions[:-MAX_LATE_DECISIONS]  # keep the newest: the sender asks next
 
     # A cancel deliberately abandons the running turn; its client gets an error, not a hang.
     @workflow.update(
@@ -596,6 +611,9 @@ class SessionWorkflow:
         # The outcome is fixed from here: a decision arriving now is too late.
         del self._open_reviews[review_id]
         self._decisions.pop(review_id, None)
+        self._settled_reviews[review_id] = None
+        while len(self._settled_reviews) > MAX_SETTLED_REVIEWS:
+            del self._settled_reviews[next(iter(self._settled_reviews))]
         if not self._open_reviews:
             self._set_status("running")
         settled = await workflow.execute_activity_method(
@@ -608,6 +626,7 @@ class SessionWorkflow:
                 outcome=outcome,
                 decision=decision,
                 timeout_s=timeout,
+                auth=self._inp.config.auth,
             ),
             start_to_close_timeout=STORE_TIMEOUT,
             retry_policy=STORE_RETRY,
