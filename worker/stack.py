@@ -20,7 +20,8 @@ from typing import IO
 import uvicorn
 
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import init_db, make_engine
+from baton.db import make_engine
+from baton.migrate import require_current
 from baton.settings import Settings
 from worker.factory import build_worker, connect
 
@@ -195,7 +196,7 @@ async def run_services(
     from api.app import create_app
 
     engine = make_engine(settings.database_url)
-    init_db(engine)
+    require_current(engine)  # refuse a database behind the code (issue 11)
     client = await connect(settings)
     worker = build_worker(client, engine=engine, task_queue=settings.task_queue)
     server = None
