@@ -104,6 +104,15 @@ class Settings(BaseSettings):
         description="Default model as pydantic-ai names it (e.g. openai:gpt-4o-mini); "
         "unset = the offline scripted model.",
     )
+    # Issue 11: named by deploy/ (terminationGracePeriodSeconds, stop_grace_period); the
+    # worker's SIGTERM drain that reads it is helper E's item (same name and default).
+    worker_graceful_shutdown_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a worker given SIGTERM lets in-flight activities finish.",
+    )
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:
