@@ -317,7 +317,9 @@ def db_current() -> None:
 
 @db_app.command("downgrade")
 def db_downgrade(
-    revision: Annotated[str, typer.Argument(help="Target: a revision id, -1, or base (empty).")],
+    revision: Annotated[
+        str, typer.Argument(help="Target: a revision id, base (empty), or `-- -1` (one back).")
+    ],
 ) -> None:
     """Migrate BATON_DATABASE_URL back to REVISION (stop every API and worker first)."""
     from baton import migrate
