@@ -136,7 +136,7 @@ class SchemaState:
             return False
         try:
             return script_directory().get_revision(self.current) is None
-        except Exception:  # alembic raises ResolutionError/CommandError for unknown ids
+        except CommandError:  # "Can't locate revision identified by …"
             return True
 
     def describe(self) -> str:
