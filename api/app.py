@@ -17,7 +17,8 @@ from temporalio.client import Client
 
 from api.problems import PROBLEM_JSON, install_problem_handlers, problem_response
 from api.routers import agents, reviews, sessions, steps, teams
-from baton.db import init_db, make_engine
+from baton.db import make_engine
+from baton.migrate import require_current
 from baton.settings import Settings, get_settings
 
 
@@ -59,7 +60,7 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
         cfg = settings or get_settings()
         cfg.review_key()  # auth mode without BATON_REVIEW_SECRET: refuse to start, clearly
         engine = make_engine(cfg.database_url)
-        init_db(engine)
+        require_current(engine)  # refuse a database behind the code (issue 11)
         app.state.settings = cfg
         app.state.engine = engine
         app.state.temporal = temporal

@@ -410,8 +410,21 @@ def make_engine(database_url: str) -> Engine:
 
 
 def init_db(engine: Engine) -> None:
-    """Create missing tables (idempotent)."""
-    SQLModel.metadata.create_all(engine)
+    """Give an empty database Baton's schema at the newest revision; accept a current one.
+
+    For the CLI's database commands (``apply``, ``show``, ``users``, …) and tests:
+    an empty database (a fresh SQLite file) is migrated to head with Alembic, as
+    ``baton db upgrade`` would; an existing one is never changed here and must
+    already be at head. Raises :class:`baton.migrate.SchemaOutOfDate` (naming
+    ``baton db upgrade``) otherwise (issue 11: only ``baton db upgrade``,
+    ``baton dev`` and ``baton demo`` migrate an existing database).
+    """
+    from baton import migrate
+
+    if migrate.schema_state(engine).empty:
+        migrate.upgrade(engine)
+    else:
+        migrate.require_current(engine)
 
 
 RowT = TypeVar("RowT", bound=SQLModel)

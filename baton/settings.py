@@ -120,6 +120,15 @@ class Settings(BaseSettings):
         f"{MIN_REVIEW_SECRET} characters, the same on every API replica and worker; "
         "required with BATON_AUTH=on.",
     )
+    # Issue 11: named by deploy/ (terminationGracePeriodSeconds, stop_grace_period); the
+    # worker's SIGTERM drain that reads it is helper E's item (same name and default).
+    worker_graceful_shutdown_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a worker given SIGTERM lets in-flight activities finish.",
+    )
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:
