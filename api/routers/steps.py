@@ -9,11 +9,8 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-import jsonschema
 from fastapi import APIRouter, Path, Query, status
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
-from referencing import Registry
-from referencing.jsonschema import DRAFT202012
 from sqlmodel import col
 from temporalio.service import RPCError
 
@@ -22,7 +19,8 @@ from api.problems import problem_responses
 from baton import launch, metering
 from baton.contracts import HandoffDecision, StepInput, StepRetry
 from baton.db import StepRow, page, session_scope
-from baton.errors import AdminOnly, BatonError, Conflict, EngineUnavailable, NotFound
+from baton.deliverables import check_output_schema
+from baton.errors import AdminOnly, Conflict, EngineUnavailable, NotFound
 from baton.schemas import MAX_OFFSET, Page
 from baton.spec import REF_PATTERN, SafeText, parse_ref
 
@@ -45,14 +43,6 @@ class NotAwaitingHandoff(Conflict):
     """A handoff decision for a step that is not waiting for one."""
 
     code = "step_not_awaiting_handoff"
-
-
-class InvalidSchema(BatonError):
-    """``output_schema`` is not a valid JSON Schema (2020-12)."""
-
-    code = "invalid_schema"
-    status = 422
-    title = "Invalid JSON Schema"
 
 
 class StepCreate(BaseModel):
@@ -160,33 +150,6 @@ class StepPublic(BaseModel):
     updated_at: datetime
 
 
-def _check_schema(schema: dict[str, Any]) -> None:
-    """Raise InvalidSchema unless ``schema`` is a 2020-12 JSON Schema whose every ``$ref``
-    resolves inside it (a dangling ref would only fail once a deliverable is checked)."""
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise InvalidSchema(f"output_schema: {exc.message}", path="output_schema") from exc
-    resource = DRAFT202012.create_resource(schema)
-    resolver = Registry().with_resource("", resource).resolver()
-
-    def refs(node: Any) -> list[str]:
-        if isinstance(node, dict):
-            found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
-            return found + [r for v in node.values() for r in refs(v)]
-        if isinstance(node, list):
-            return [r for v in node for r in refs(v)]
-        return []
-
-    for ref in refs(schema):
-        try:
-            resolver.lookup(ref)
-        except Exception as exc:  # referencing.exceptions.Unresolvable and kin
-            raise InvalidSchema(
-                f"output_schema: $ref {ref!r} does not resolve", path="output_schema"
-            ) from exc
-
-
 def _public(row: StepRow) -> StepPublic:
     return StepPublic(
         step_id=row.id,
@@ -217,7 +180,7 @@ async def create_step(
 ) -> StepAccepted:
     """Pin the agent, store the step and start its AgentStepWorkflow; poll GET for the result."""
     if body.output_schema is not None:
-        _check_schema(body.output_schema)
+        check_output_schema(body.output_schema)
     await asyncio.to_thread(caller.require_on, engine, parse_ref(body.agent)[0], "user")
     text = body.input if isinstance(body.input, str) else json.dumps(body.input)
     step_id = f"step-{uuid.uuid4()}"
