@@ -119,9 +119,10 @@ def _refuse_removed(data: Any) -> Any:
 
 
 class _Strict(BaseModel):
-    """Unknown fields are errors and removed fields get their own error type."""
+    """Unknown fields are errors, removed fields get their own error type, and values are
+    not coerced (``"max_spawns": true`` or ``"4"`` is refused: issue 10, item 11)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, status
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from sqlmodel import col
 from temporalio.service import RPCError
 
@@ -50,6 +51,7 @@ class StepCreate(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # no `"handoff": 1` or `"timeout_s": "60"` coercions (issue 10, item 11)
         json_schema_extra={
             "examples": [
                 {
@@ -97,6 +99,20 @@ class StepCreate(BaseModel):
         if not text.strip() or len(text) > MAX_INPUT_CHARS:
             raise ValueError(f"input must be 1..{MAX_INPUT_CHARS} characters and not blank")
         return value
+
+
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def _no_bare_number(value: Any) -> Any:
+    """Refuse a number where a date-time is expected (pydantic reads ``0.5`` as a Unix time)."""
+    if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER.fullmatch(value)):
+        raise ValueError("expected an RFC 3339 date-time with a timezone, not a number")
+    return value
+
+
+#: A query date-time: RFC 3339 with a timezone (``2026-12-01T10:00:00Z``); no Unix numbers.
+IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_no_bare_number)]
 
 
 class StepAccepted(BaseModel):
@@ -282,8 +298,8 @@ def get_usage(
     agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
     session_id: Annotated[str | None, Query(max_length=80)] = None,
     step_id: Annotated[str | None, Query(max_length=80)] = None,
-    since: AwareDatetime | None = None,
-    until: AwareDatetime | None = None,
+    since: IsoDateTime | None = None,
+    until: IsoDateTime | None = None,
 ) -> Page[metering.UsageGroup]:
     """Tokens in/out, requests and cost of every model call, summed per group (auth
     mode: only the model calls of agents the caller holds a role on)."""
@@ -308,7 +324,7 @@ def get_balance(session: SessionDep, _caller: CallerDep) -> metering.BalancePubl
 
 @usage_router.put("/balance", responses=problem_responses(403, 422), summary="Set the balance")
 def put_balance(
-    body: metering.BalancePublic, session: SessionDep, caller: CallerDep
+    body: metering.BalanceUpdate, session: SessionDep, caller: CallerDep
 ) -> metering.BalancePublic:
     """Set the balance (USD; null = unlimited). Model calls are refused once it is ≤ 0.
 
@@ -320,4 +336,4 @@ def put_balance(
         raise AdminOnly("the balance is set with `baton balance set` (BATON_AUTH=on)")
     metering.set_balance(session, amount=body.balance)
     session.commit()
-    return body
+    return metering.BalancePublic(balance=body.balance)
