@@ -1,10 +1,12 @@
 """What an activity may hand back to a workflow: the size and nesting bounds of a result.
 
-Temporal stores every activity result in the workflow's history. The server refuses a
-payload over its blob limit (``limit.blobSize.error``, 2 MiB by default; it warns past
-``limit.blobSize.warn``, 512 KiB, and temporalio 1.35's ``PayloadLimitsConfig`` warns at
-the same size), and a refused result fails the activity the same way on every retry
-(issue 10, item 8: a model turn retried 6 times, ~32 s, on ``TMPRL1103``). The workflow's
+Temporal stores every activity result in the workflow's history. A payload over the
+blob limit (``limit.blobSize.error``, 2 MiB by default; a warning past
+``limit.blobSize.warn``, 512 KiB, where temporalio 1.35's ``PayloadLimitsConfig`` warns
+too) is refused before upload by the SDK core (``temporalio_common::payload_limits``:
+``[TMPRL1103] Attempted to upload payloads with size that exceeded the error limit``,
+``limit=2097152``), and a refused result fails the activity the same way on every retry
+(issue 10, item 8: a model turn retried 6 times, ~32 s). The workflow's
 payload decoder also has a recursion limit the activity's encoder does not. So results
 are bounded here, before they are returned, and what would break a bound is turned into
 something the model can act on (a tool error, a validation error fed back) where the

@@ -12,6 +12,8 @@ too deep or too large is a validation error fed back.
 from __future__ import annotations
 
 import json
+import random
+import string
 import time
 import uuid
 from typing import Any
@@ -134,7 +136,9 @@ async def test_fills_past_the_payload_limit_end_in_one_attempt_not_retries(
         ],
     )
     started = time.monotonic()
-    launched = await launch(temporal_env.client, db_engine, worker, "filler", "w " * 1000)
+    # Incompressible text: gRPC compression must not hide the size from the server.
+    prompt = "".join(random.Random(7).choices(string.ascii_letters, k=2000))
+    launched = await launch(temporal_env.client, db_engine, worker, "filler", prompt)
     assert launched.response == "counted"
     assert time.monotonic() - started < 20
     history = await temporal_env.client.get_workflow_handle(launched.session_id).fetch_history()
