@@ -59,6 +59,13 @@ from baton.contracts import (
 from baton.db import MessageRow, session_scope
 from baton.errors import BatonError
 from baton.models import build_model, model_name
+from baton.payloads import (
+    MAX_PAYLOAD_DEPTH,
+    MAX_RESULT_BYTES,
+    ensure_fits,
+    json_bytes,
+    nesting_depth,
+)
 from baton.sessions import HistoryItem
 from baton.tools import (
     ToolError,
@@ -205,28 +212,59 @@ def store_result(
 
 
 def _result_from(row: MessageRow) -> ModelTurnResult:
-    return ModelTurnResult(
-        message_id=row.id,
-        preview=row.text[:PREVIEW_CHARS],
-        preview_is_full=len(row.text) <= PREVIEW_CHARS,
-        tool_calls=[ToolCall.model_validate(c) for c in row.tool_calls or []],
-        usage=Usage.model_validate(row.usage or {}),
+    return _turn_result(
+        row.id,
+        row.text,
+        # A row stored before results were bounded may carry oversized arguments: fit them.
+        fit_tool_calls([ToolCall.model_validate(c) for c in row.tool_calls or []]),
+        Usage.model_validate(row.usage or {}),
     )
 
 
-#: Deepest nesting of tool-call arguments carried to the workflow: its payload decoder
-#: has a recursion limit the activity's encoder does not, so deeper args would wedge it.
-MAX_ARG_DEPTH = 32
+def _turn_result(
+    message_id: str, text: str, calls: list[ToolCall], usage: Usage
+) -> ModelTurnResult:
+    """The ``model_turn`` result (claim-check: the text stays in the DB, a preview travels),
+    checked against the payload bound before it is returned."""
+    result = ModelTurnResult(
+        message_id=message_id,
+        preview=text[:PREVIEW_CHARS],
+        preview_is_full=len(text) <= PREVIEW_CHARS,
+        tool_calls=calls,
+        usage=usage,
+    )
+    return ensure_fits(result, what="model reply")
 
 
-def _depth(value: Any, level: int = 0) -> int:
-    if level > MAX_ARG_DEPTH:
-        return level
-    if isinstance(value, dict):
-        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
-    if isinstance(value, list):
-        return max((_depth(v, level + 1) for v in value), default=level + 1)
-    return level
+#: Deepest nesting of tool-call arguments carried to the workflow (see baton.payloads).
+MAX_ARG_DEPTH = MAX_PAYLOAD_DEPTH
+#: What the tool calls of one reply may weigh in all; the rest of the result (ids,
+#: preview, usage) is far smaller than the headroom left below MAX_RESULT_BYTES.
+MAX_CALLS_BYTES = MAX_RESULT_BYTES - 64 * 1024
+UNPARSED = "_unparsed_arguments"
+
+
+def fit_tool_calls(calls: list[ToolCall]) -> list[ToolCall]:
+    """``calls`` with the largest arguments replaced by an error marker until all the calls
+    weigh at most :data:`MAX_CALLS_BYTES` (encoded JSON).
+
+    The marker (``{"_unparsed_arguments": "…"}``) fails the tool's argument check, so the
+    model reads why and can retry with smaller arguments; the turn is neither failed nor
+    retried (it would fail the same way: issue 10, item 8). Order and ids are kept.
+    """
+    sizes = [json_bytes(c) for c in calls]
+    total = sum(sizes)
+    fitted = list(calls)
+    for i in sorted(range(len(calls)), key=lambda i: sizes[i], reverse=True):
+        if total <= MAX_CALLS_BYTES:
+            break
+        note = (
+            f"arguments of {sizes[i]} bytes: one reply's tool calls may carry at most "
+            f"{MAX_CALLS_BYTES} bytes in all; send smaller arguments"
+        )
+        fitted[i] = ToolCall(id=calls[i].id, name=calls[i].name, args={UNPARSED: note})
+        total += json_bytes(fitted[i]) - sizes[i]
+    return fitted
 
 
 def _tool_call(part: ToolCallPart) -> ToolCall:
@@ -234,9 +272,9 @@ def _tool_call(part: ToolCallPart) -> ToolCall:
         args = part.args_as_dict()
     except (ValueError, RecursionError):
         # Malformed JSON from the model: the tool's schema check reports it back to the model.
-        args = {"_unparsed_arguments": str(part.args)[:2000]}
-    if _depth(args) > MAX_ARG_DEPTH:
-        args = {"_unparsed_arguments": f"arguments nested deeper than {MAX_ARG_DEPTH} levels"}
+        args = {UNPARSED: str(part.args)[:2000]}
+    if nesting_depth(args) > MAX_ARG_DEPTH:
+        args = {UNPARSED: f"arguments nested deeper than {MAX_ARG_DEPTH} levels"}
     return ToolCall(id=part.tool_call_id, name=part.tool_name, args=args)
 
 
@@ -532,7 +570,9 @@ class SessionActivities:
                     raise  # retryable as it is; `raise exc from exc` would make it its own cause
                 raise mapped from exc
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
-            calls = [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
+            calls = fit_tool_calls(
+                [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
+            )
             cost: float | None = None
             with contextlib.suppress(Exception):  # unknown model/provider: no price known
                 cost = float(response.cost().total_price)
@@ -548,13 +588,7 @@ class SessionActivities:
                 wall_ms=int((time.monotonic() - started) * 1000),
             )
             await self._in_db(self._persist, inp, text, calls, usage, buffer, attempt, name)
-            return ModelTurnResult(
-                message_id=inp.assistant_message_id,
-                preview=text[:PREVIEW_CHARS],
-                preview_is_full=len(text) <= PREVIEW_CHARS,
-                tool_calls=calls,
-                usage=usage,
-            )
+            return _turn_result(inp.assistant_message_id, text, calls, usage)
 
     @activity.defn(name="run_tool")
     def run_tool(self, inp: ToolInput) -> ToolOutcome:

@@ -972,11 +972,11 @@ def balance_set(
     from baton.errors import InvalidBalance
 
     try:
-        body = metering.BalancePublic.model_validate(
-            {"balance": None if amount == "unlimited" else amount}
+        body = metering.BalanceUpdate.model_validate(
+            {"balance": None if amount == "unlimited" else float(amount)}
         )
-    except ValidationError as exc:
-        msg = f"amount must be a finite number of USD or `unlimited`, not {amount!r}"
+    except (ValidationError, ValueError) as exc:
+        msg = f"amount must be a finite, non-negative number of USD or `unlimited`, not {amount!r}"
         raise _fail(InvalidBalance(msg, path="amount")) from exc
     with _db() as s:
         metering.set_balance(s, amount=body.balance)

@@ -771,6 +771,9 @@ class StepRetry(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        # POST /v1/steps takes it as is: `true` or `"3"` is refused, never coerced (issue 10,
+        # item 11). Decoding old histories is unaffected: JSON numbers stay numbers.
+        strict=True,
         json_schema_extra={
             "examples": [{"max_attempts": 3, "initial_interval_s": 1.0, "backoff_coefficient": 2.0}]
         },

@@ -40,6 +40,23 @@ class BalancePublic(BaseModel):
     )
 
 
+class BalanceUpdate(BaseModel):
+    """``PUT /v1/balance`` and ``baton balance set``: a non-negative number of USD, or null
+    = unlimited.
+
+    Strict: ``false`` (which pydantic reads as 0.0 and so stops every model call),
+    ``true`` and ``"5"`` are refused, and so is a negative amount (issue 10, item 11).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [{"balance": 25.0}]}
+    )
+
+    balance: float | None = Field(
+        ge=0, le=1e12, allow_inf_nan=False, description="USD; null = unlimited (required)."
+    )
+
+
 class UsageGroup(BaseModel):
     """Metered usage of one group (an agent, a session, a step or a day)."""
 

@@ -58,9 +58,12 @@ def last_message_text(messages: list[ModelMessage], *, labelled: bool = True) ->
     return ""
 
 
+FILL = "{last_message}"
+
+
 def _fill(value: Any, last: str) -> Any:
     if isinstance(value, str):
-        return value.replace("{last_message}", last)
+        return value.replace(FILL, last)
     if isinstance(value, dict):
         return {k: _fill(v, last) for k, v in value.items()}
     if isinstance(value, list):
@@ -68,9 +71,32 @@ def _fill(value: Any, last: str) -> Any:
     return value
 
 
+def _fills(value: Any) -> int:
+    if isinstance(value, str):
+        return value.count(FILL)
+    if isinstance(value, dict):
+        return sum(_fills(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_fills(v) for v in value)
+    return 0
+
+
+def fill(value: Any, last: str, *, budget: int) -> Any:
+    """``value`` with every ``{last_message}`` replaced by the start of ``last``, so that all
+    the fills together put at most ``budget`` characters of ``last`` into it.
+
+    Bounds what the fills expand to, not each fill: a rule repeating ``{last_message}``
+    a thousand times gets ``budget // 1000`` characters per fill (issue 10, item 8: tool
+    arguments filled past Temporal's payload limit).
+    """
+    count = _fills(value)
+    return _fill(value, last[: budget // count]) if count else value
+
+
 #: Time all of a playbook's patterns may take for one model call (seconds).
 MATCH_BUDGET_S = 0.25
-#: How much of the last message ``{last_message}`` puts into tool-call arguments.
+#: How much of the last message ``{last_message}`` puts into one tool call's arguments, all
+#: its fills together (a reply's fills together put at most ``MAX_PROMPT_CHARS``).
 MAX_ARG_FILL_CHARS = 2_000
 
 
@@ -100,7 +126,11 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
         raw = last_message_text(messages, labelled=False)
         # Off the event loop: a slow pattern must not stall the worker's other work.
         rule = await asyncio.to_thread(_select, rules, last)
-        reply = _fill(rule.reply, raw) if rule else f"[{agent_slug}] received: {last[:500]}"
+        reply = (
+            fill(rule.reply, raw, budget=MAX_PROMPT_CHARS)
+            if rule
+            else f"[{agent_slug}] received: {last[:500]}"
+        )
         reply = (reply or "")[:MAX_PROMPT_CHARS]  # {last_message} may repeat a long message
         delay = (rule.chunk_delay_ms if rule else 0) / 1000
         for word in re.findall(r"\S+\s*", reply or ""):
@@ -112,7 +142,7 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
             calls: DeltaToolCalls = {
                 i: DeltaToolCall(
                     name=call.tool,
-                    json_args=json.dumps(_fill(call.args, raw[:MAX_ARG_FILL_CHARS])),
+                    json_args=json.dumps(fill(call.args, raw, budget=MAX_ARG_FILL_CHARS)),
                     tool_call_id=f"call_{step}_{i}",
                 )
                 for i, call in enumerate(rule.tool_calls)
