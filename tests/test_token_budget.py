@@ -180,7 +180,7 @@ async def scripted_usage(max_tokens: int | None) -> tuple[int, list[Any]]:
         async for _ in stream:
             pass
         response = stream.get()
-    return response.usage.output_tokens, response.parts
+    return response.usage.output_tokens, list(response.parts)
 
 
 async def test_the_scripted_model_honours_max_tokens() -> None:
