@@ -7,6 +7,7 @@ on the real worker that stays inside the documented bound.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from baton.db import DelegationRow, MessageRow, SessionRow, TokenReservationRow,
 from baton.errors import TurnFailed
 from baton.models import scripted_model
 from tests.helpers import TEST_CONFIG, launch, publish
+from worker.factory import build_worker
 
 ROOT = "session-root"
 CHILD = "session-child"
@@ -202,11 +204,19 @@ FAN = [{"tool": "task", "args": {"alias": "w", "prompt": f"part {i}"}} for i in 
 
 
 async def test_parallel_fan_out_never_exceeds_the_token_budget(
-    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+    temporal_env: WorkflowEnvironment, engine: Engine
 ) -> None:
-    """token_budget 300 and 8 parallel subagent tasks: the run spends at most 300 (the
-    documented bound: the budget plus what admitted calls' input exceeded its estimate,
-    nothing for the scripted model); some tasks run, the rest are refused limit_exceeded."""
+    """token_budget 300 and 8 parallel subagent tasks (SQLite and PostgreSQL): the run
+    spends at most 300 (the documented bound: the budget plus what admitted calls' input
+    exceeded its estimate, nothing for the scripted model); some tasks run, the rest are
+    refused limit_exceeded."""
+    async with build_worker(
+        temporal_env.client, engine=engine, task_queue=f"tq-{uuid.uuid4()}"
+    ) as worker:
+        await fan_out(temporal_env, engine, worker)
+
+
+async def fan_out(temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker) -> None:
     publish(db_engine, "piece", playbook=[{"reply": "a b c d e f g h i j"}])
     publish(
         db_engine,
