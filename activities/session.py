@@ -537,7 +537,12 @@ class SessionActivities:
         Idempotent on ``assistant_message_id``: a retry after the message was
         stored returns it without calling the model again. Provider retries are
         off (``max_retries=0``); 5xx/429/connection errors are retried by
-        Temporal, other 4xx and configuration errors are non-retryable.
+        Temporal, other 4xx and configuration errors are non-retryable. Retryable
+        provider failures are counted in the heartbeat details across attempts;
+        the ``provider_failures``-th is final (``ModelProviderFailed``), while an
+        attempt lost with its worker counts none (issue 10, item 10). Under a
+        token_budget the call first reserves its input estimate + ``max_tokens``
+        (``limit_exceeded``, non-retryable, when there is no room; issue 10 item 6).
         """
         info = activity.info()
         attempt = info.attempt
