@@ -18,12 +18,13 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts import Provenance, SessionConfig
-from baton.db import EventRow, init_db, make_engine, session_scope
+from baton.db import EventRow, TokenReservationRow, init_db, make_engine, session_scope
 from baton.launch import launch_session
 from tests.helpers import publish, status, transcript, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLY = " ".join(f"word{i}" for i in range(40))
+BUDGET = 1000
 
 
 def start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -118,12 +119,18 @@ async def test_a_killed_workers_turn_resumes_on_another_worker_within_seconds(
 ) -> None:
     """With the default timeouts (heartbeat 5 s), SIGKILL of the worker streaming a turn:
     the turn resumes on the other running worker well within the old 30 s heartbeat
-    timeout (< 20 s) and completes with exactly one reply."""
+    timeout (< 20 s) and completes with exactly one reply. Under a token_budget the
+    retried call gets back its reservation (which took the whole budget) and settles it."""
     db_url = f"sqlite:///{tmp_path / 'fault.db'}"
     engine = make_engine(db_url)
     init_db(engine)
     reply = " ".join(f"w{i}" for i in range(60))
-    publish(engine, "streamer", playbook=[{"reply": reply, "chunk_delay_ms": 100}])
+    publish(
+        engine,
+        "streamer",
+        playbook=[{"reply": reply, "chunk_delay_ms": 100}],
+        limits={"token_budget": BUDGET},
+    )
     queue = f"tq-{uuid.uuid4()}"
     env = {
         **os.environ,
@@ -161,6 +168,10 @@ async def test_a_killed_workers_turn_resumes_on_another_worker_within_seconds(
         assert (first_retry - killed_at).total_seconds() < 20
         await wait_for(lambda: status(engine, sid) == "idle", timeout=60)
         assert transcript(engine, sid) == [("user", "talk to me"), ("assistant", reply)]
+        with session_scope(engine) as s:
+            (held,) = s.exec(select(TokenReservationRow)).all()
+        assert held.reserved == BUDGET and held.settled_at is not None
+        assert held.actual_tokens is not None and held.actual_tokens <= BUDGET
     finally:
         for proc in workers.values():
             if proc.poll() is None:
