@@ -115,15 +115,14 @@ async def running_worker_pid(handle: WorkflowHandle[Any, Any]) -> int | None:
 
 
 async def test_a_killed_workers_turn_resumes_on_another_worker_within_seconds(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
+    temporal_env: WorkflowEnvironment, engine: Engine
 ) -> None:
     """With the default timeouts (heartbeat 5 s), SIGKILL of the worker streaming a turn:
     the turn resumes on the other running worker well within the old 30 s heartbeat
     timeout (< 20 s) and completes with exactly one reply. Under a token_budget the
-    retried call gets back its reservation (which took the whole budget) and settles it."""
-    db_url = f"sqlite:///{tmp_path / 'fault.db'}"
-    engine = make_engine(db_url)
-    init_db(engine)
+    retried call gets back its reservation (which took the whole budget) and settles it.
+    On SQLite and PostgreSQL."""
+    db_url = engine.url.render_as_string(hide_password=False)
     reply = " ".join(f"w{i}" for i in range(60))
     publish(
         engine,
