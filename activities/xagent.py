@@ -22,7 +22,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import cancelled_outcome, store_result, stored_outcome
+from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
 from baton import auth, delegations, permissions, policies, registry, reviews, sessions
 from baton.contracts import (
     AuthorizeInput,
@@ -324,7 +324,8 @@ class XAgentActivities:
         """
         if inp.tool.call.name == "get_agent_session_transcript":
             await self._wait_for_turn(inp)
-        return await asyncio.to_thread(self._xagent_tool, inp)
+        async with heartbeating():  # a lost worker's call is retried after the heartbeat timeout
+            return await asyncio.to_thread(self._xagent_tool, inp)
 
     def _xagent_tool(self, inp: XAgentCall) -> ToolOutcome:
         tool = inp.tool

@@ -167,7 +167,11 @@ class SessionConfig(BaseModel):
         description="Tool calls of one model reply that run; each further one is refused.",
     )
     model_turn_timeout_s: float = 600.0
-    heartbeat_timeout_s: float = 30.0
+    heartbeat_timeout_s: float = Field(
+        default=5.0,
+        description="Heartbeat timeout of long activities (model calls, tools, delegations): "
+        "how soon a lost worker's activity is retried elsewhere; they beat at half of it.",
+    )
     review_timeout_s: float = 300.0
     max_delegation_depth: int = 3
     delegation_timeout_s: float = Field(
@@ -186,6 +190,31 @@ class SessionConfig(BaseModel):
     continue_as_new_after_turns: int | None = Field(
         default=None,
         description="Also continue-as-new after this many turns (None = when suggested).",
+    )
+    # Issue 10 item 10: recovery after a worker loss. Timeouts travel in the input
+    # (workflows cannot read settings); a run keeps the values it was started with.
+    store_timeout_s: float = Field(
+        default=10.0,
+        description="Start-to-close of DB-only activities (a lost worker costs this much).",
+    )
+    tool_timeout_s: float = Field(
+        default=60.0, description="Start-to-close of an ordinary tool or X-Agent tool call."
+    )
+    model_attempts: int = Field(
+        default=20,
+        description="Attempts one model call may take, worker losses included (Temporal's "
+        "maximum_attempts); provider failures are counted apart (model_provider_failures).",
+    )
+    model_provider_failures: int = Field(
+        default=6,
+        description="Retryable provider failures (5xx, 429, connection) after which a model "
+        "call fails for good; a lost worker (heartbeat/start-to-close timeout) is not one.",
+    )
+    # Issue 10 item 6: token_budget reservations.
+    max_output_tokens: int = Field(
+        default=4096,
+        description="Under a token_budget: the most output tokens one model call may "
+        "reserve (its max_tokens; also capped to what the budget has left).",
     )
 
 
@@ -332,6 +361,14 @@ class ModelTurnInput(BaseModel):
         default_factory=dict, description="BATON_PRICES: USD per million input/output tokens."
     )
     token_budget: int | None = Field(default=None, description="The run's token budget.")
+    max_output_tokens: int = Field(
+        default=4096,
+        description="Under a token budget: the most output tokens this call may reserve.",
+    )
+    provider_failures: int = Field(
+        default=6,
+        description="Retryable provider failures after which the call fails for good.",
+    )
 
 
 class ModelTurnResult(BaseModel):

@@ -16,6 +16,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+# FunctionModel meters a streamed reply with this estimate: the scripted model counts
+# its max_tokens the same way, so the cap holds on the metered usage exactly.
+from pydantic_ai._utils import estimate_string_tokens
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import (
     ModelMessage,
@@ -117,11 +120,13 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
 
     Deterministic: the same transcript always gives the same reply, streamed
     word by word (``chunk_delay_ms`` apart), then the rule's tool calls. With no
-    matching rule it answers ``[<slug>] received: <last message>``.
+    matching rule it answers ``[<slug>] received: <last message>``. ``max_tokens`` in
+    the model settings caps the metered output (the reply stops, calls that do not
+    fit are dropped), as a provider's does.
     """
     rules = [PlaybookRule.model_validate(r) for r in playbook or []]
 
-    async def stream(messages: list[ModelMessage], _info: AgentInfo) -> AsyncIterator[Any]:
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
         last = last_message_text(messages)
         raw = last_message_text(messages, labelled=False)
         # Off the event loop: a slow pattern must not stall the worker's other work.
@@ -133,21 +138,38 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
         )
         reply = (reply or "")[:MAX_PROMPT_CHARS]  # {last_message} may repeat a long message
         delay = (rule.chunk_delay_ms if rule else 0) / 1000
+        # max_tokens (a token_budget reservation) caps the reply as a provider would: the
+        # output stops there, and tool calls that no longer fit are dropped. Counted the
+        # way FunctionModel meters a stream, so the metered output never exceeds it.
+        room = (info.model_settings or {}).get("max_tokens")
+        said = False
         for word in re.findall(r"\S+\s*", reply or ""):
+            if room is not None:
+                room -= estimate_string_tokens(word)
+                if room < 0:
+                    break
             if delay:
                 await asyncio.sleep(delay)
+            said = True
             yield word
+        if room is not None and room < 0:
+            if not said:
+                yield ""  # a stream must yield something; empty text meters 0 tokens
+            return
         if rule and rule.tool_calls:
             step = sum(isinstance(m, ModelResponse) for m in messages)
-            calls: DeltaToolCalls = {
-                i: DeltaToolCall(
-                    name=call.tool,
-                    json_args=json.dumps(fill(call.args, raw, budget=MAX_ARG_FILL_CHARS)),
-                    tool_call_id=f"call_{step}_{i}",
+            calls: DeltaToolCalls = {}
+            for i, call in enumerate(rule.tool_calls):
+                args = json.dumps(fill(call.args, raw, budget=MAX_ARG_FILL_CHARS))
+                if room is not None:
+                    room -= estimate_string_tokens(args)
+                    if room < 0:
+                        break
+                calls[i] = DeltaToolCall(
+                    name=call.tool, json_args=args, tool_call_id=f"call_{step}_{i}"
                 )
-                for i, call in enumerate(rule.tool_calls)
-            }
-            yield calls
+            if calls:
+                yield calls
 
     return FunctionModel(stream_function=stream, model_name=f"{SCRIPTED}:{agent_slug}")
 

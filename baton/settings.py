@@ -129,6 +129,56 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="Seconds a worker given SIGTERM lets in-flight activities finish.",
     )
+    # Issue 10 item 10: how soon a lost worker's work resumes elsewhere (SessionConfig).
+    heartbeat_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds without a heartbeat before a model call, tool or delegation of "
+        "a lost worker is retried on another; they beat at half of it.",
+    )
+    model_turn_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Seconds one model call may take (start-to-close).",
+    )
+    store_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a DB-only activity may take before it is retried (start-to-close).",
+    )
+    tool_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Seconds one tool call may take (start-to-close).",
+    )
+    model_attempts: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="Attempts one model call may take in all, worker losses included.",
+    )
+    model_provider_failures: int = Field(
+        default=6,
+        ge=1,
+        le=1000,
+        description="Retryable provider errors after which a model call fails for good.",
+    )
+    # Issue 10 item 6: token_budget reservations.
+    max_output_tokens: int = Field(
+        default=4096,
+        ge=1,
+        le=10_000_000,
+        description="Under a token_budget: the most output tokens one model call reserves "
+        "(its max_tokens, also capped to what the budget has left).",
+    )
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:
@@ -180,6 +230,13 @@ class Settings(BaseSettings):
             runtime_depth_ceiling=self.runtime_depth_ceiling,
             prices=self.prices,
             max_run_sessions=self.max_run_sessions,
+            heartbeat_timeout_s=self.heartbeat_timeout,
+            model_turn_timeout_s=self.model_turn_timeout,
+            store_timeout_s=self.store_timeout,
+            tool_timeout_s=self.tool_timeout,
+            model_attempts=self.model_attempts,
+            model_provider_failures=self.model_provider_failures,
+            max_output_tokens=self.max_output_tokens,
         )
 
     def workflow_url(self, workflow_id: str) -> str:

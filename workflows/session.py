@@ -73,10 +73,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.options import (
         DELEGATE_RETRY,
-        MODEL_RETRY,
         STORE_RETRY,
-        STORE_TIMEOUT,
-        TOOL_TIMEOUT,
+        heartbeat_timeout,
+        model_retry,
+        store_timeout,
+        tool_timeout,
     )
 
 
@@ -129,7 +130,7 @@ class SessionWorkflow:
                 self._agent = await workflow.execute_activity_method(
                     SessionActivities.load_agent,
                     LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin),
-                    start_to_close_timeout=STORE_TIMEOUT,
+                    start_to_close_timeout=store_timeout(self._inp.config),
                     retry_policy=STORE_RETRY,
                     summary=f"load {inp.agent_pin}",
                 )
@@ -151,7 +152,7 @@ class SessionWorkflow:
             await workflow.execute_activity_method(
                 SessionActivities.set_status,
                 StatusChange(session_id=inp.session_id, status="cancelled"),
-                start_to_close_timeout=STORE_TIMEOUT,
+                start_to_close_timeout=store_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
                 summary="cancelled",
             )
@@ -162,7 +163,7 @@ class SessionWorkflow:
                     await workflow.execute_activity_method(
                         DelegationActivities.cancel_delegations,
                         inp.session_id,
-                        start_to_close_timeout=STORE_TIMEOUT,
+                        start_to_close_timeout=store_timeout(self._inp.config),
                         retry_policy=STORE_RETRY,
                         summary="cancel delegations",
                     )
@@ -396,7 +397,7 @@ class SessionWorkflow:
                 route_position=position(turn, 0, 1),
                 call_id=f"route_t{turn}",
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"route · turn {turn}",
         )
@@ -471,10 +472,12 @@ class SessionWorkflow:
                 delegation=self._offer(agent),
                 run_root=self._root,
                 token_budget=self._run_limits(agent).token_budget,
+                max_output_tokens=cfg.max_output_tokens,
+                provider_failures=cfg.model_provider_failures,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
-            heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
-            retry_policy=MODEL_RETRY,
+            heartbeat_timeout=heartbeat_timeout(cfg),
+            retry_policy=model_retry(cfg),
             summary=f"turn {turn}" + (f".{step}" if step > 1 else "") + f" · {agent.pin}",
         )
 
@@ -482,7 +485,7 @@ class SessionWorkflow:
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> ToolOutcome:
         tool = self._tool_message(agent, turn, step, index, call)
-        return await run_ordinary_tool(tool, agent.tools, f"turn {turn}")
+        return await run_ordinary_tool(tool, agent.tools, f"turn {turn}", self._inp.config)
 
     # --- X-Agent tools (seed 000) and policy reviews (seed 003) --------------------
 
@@ -527,7 +530,7 @@ class SessionWorkflow:
                     auth=self._inp.config.auth,
                     invoked=self._invoked_turn,
                 ),
-                start_to_close_timeout=STORE_TIMEOUT,
+                start_to_close_timeout=store_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
                 summary=f"authorize {operation}" + (f" → {target}" if target else ""),
             )
@@ -570,8 +573,8 @@ class SessionWorkflow:
                     user=self._turn_user,
                     auth=self._inp.config.auth,
                 ),
-                start_to_close_timeout=TOOL_TIMEOUT,
-                heartbeat_timeout=timedelta(seconds=self._inp.config.heartbeat_timeout_s),
+                start_to_close_timeout=tool_timeout(self._inp.config),
+                heartbeat_timeout=heartbeat_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
                 summary=f"{call.name} · turn {turn}",
             )
@@ -628,7 +631,7 @@ class SessionWorkflow:
                 timeout_s=timeout,
                 auth=self._inp.config.auth,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"review {outcome}",
         )
@@ -729,7 +732,7 @@ class SessionWorkflow:
             start_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
             # The delegation as a whole, retries included, is bounded by the same timeout.
             schedule_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
-            heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
+            heartbeat_timeout=heartbeat_timeout(cfg),
             retry_policy=DELEGATE_RETRY,
             summary=f"{kind} → {alias or target}" + (" (sync)" if sync else "") + f" · turn {turn}",
         )
@@ -756,7 +759,7 @@ class SessionWorkflow:
                 audit=audit,
                 via=via,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"refuse {tool.call.name}: {code}",
         )
@@ -779,7 +782,7 @@ class SessionWorkflow:
                 error=error,
                 final_status=final,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary="record failure",
         )
@@ -839,8 +842,11 @@ def tool_message(
     )
 
 
-async def run_ordinary_tool(tool: ToolMessage, allowed: list[str], label: str) -> ToolOutcome:
-    """The ``run_tool`` activity for one ordinary tool call (summary ``<tool> · <label>``)."""
+async def run_ordinary_tool(
+    tool: ToolMessage, allowed: list[str], label: str, cfg: SessionConfig
+) -> ToolOutcome:
+    """The ``run_tool`` activity for one ordinary tool call (summary ``<tool> · <label>``);
+    it heartbeats, so a lost worker's call is retried after the heartbeat timeout."""
     return await workflow.execute_activity_method(
         SessionActivities.run_tool,
         ToolInput(
@@ -851,7 +857,8 @@ async def run_ordinary_tool(tool: ToolMessage, allowed: list[str], label: str) -
             call=tool.call,
             allowed_tools=allowed,
         ),
-        start_to_close_timeout=TOOL_TIMEOUT,
+        start_to_close_timeout=tool_timeout(cfg),
+        heartbeat_timeout=heartbeat_timeout(cfg),
         retry_policy=STORE_RETRY,
         summary=f"{tool.call.name} · {label}",
     )
