@@ -104,6 +104,23 @@ class Settings(BaseSettings):
         description="Default model as pydantic-ai names it (e.g. openai:gpt-4o-mini); "
         "unset = the offline scripted model.",
     )
+    # --- issue 15: the ambassador ---
+    default_ambassador: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$",
+        description="Ambassador (an agent of kind ambassador) an inquiry gets when it names "
+        "none (seed 002, 'the default ambassador profile').",
+    )
+    inquiry_max_steps: int = Field(
+        default=8, ge=1, le=50, description="Model calls one inquiry may make (its step cap)."
+    )
+    inquiry_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds POST /v1/sessions/{id}/inquiries waits for the answer.",
+    )
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:

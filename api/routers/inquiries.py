@@ -1,0 +1,163 @@
+"""``/v1/sessions/{id}/inquiries``: ask an ambassador about a session, read the thread.
+
+Seed 002, 'Ambassador'; issue 15. The inquiry runs as its own ``Inquiry``
+workflow (id ``inquiry-<uuid>``); nothing it does enters the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Path, status
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from temporalio.client import WorkflowFailureError
+
+from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.problems import problem_responses
+from baton import inquiries, registry
+from baton.contracts import MAX_MESSAGE_CHARS, InquiryInput, InquiryResult
+from baton.db import session_scope
+from baton.errors import BatonError, EngineUnavailable
+from baton.schemas import Page
+from baton.spec import REF_PATTERN, SafeText, parse_ref
+
+router = APIRouter(prefix="/v1/sessions", tags=["inquiries"])
+
+SessionIdPath = Annotated[str, Path(pattern=r"^session-[0-9a-f-]{36}$")]
+
+
+class InquiryTimedOut(BatonError):
+    code = "inquiry_timeout"
+    status = 504
+    title = "Inquiry timed out"
+
+
+class InquiryCreate(BaseModel):
+    """``POST /v1/sessions/{id}/inquiries``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"question": "What did my agents decide?"}]},
+    )
+
+    question: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    ambassador: str | None = Field(
+        default=None,
+        pattern=REF_PATTERN,
+        description="An agent of kind ambassador; default BATON_DEFAULT_AMBASSADOR.",
+    )
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("question must not be blank")
+        return value
+
+
+@router.post(
+    "/{session_id}/inquiries",
+    status_code=status.HTTP_201_CREATED,
+    responses=problem_responses(403, 404, 422, 503, 504),
+    summary="Ask the ambassador",
+)
+async def create_inquiry(
+    session_id: SessionIdPath,
+    body: InquiryCreate,
+    engine: EngineDep,
+    settings: SettingsDep,
+    client: TemporalDep,
+    caller: CallerDep,
+) -> inquiries.InquiryPublic:
+    """Ask an ambassador about the session and wait for its answer (``draft`` when it
+    wrote one). Needs viewer on the session's agent and user on the ambassador (auth
+    mode). 422 ``no_ambassador`` when none is named and no default is set, 422
+    ``not_an_ambassador`` for an agent of another kind."""
+    inquiry_id = f"inquiry-{uuid.uuid4()}"
+
+    def record() -> str:
+        with session_scope(engine) as s:
+            inquiries.readable_session(
+                s, session_id=session_id, user=caller.user, auth_on=caller.auth
+            )
+            ref = body.ambassador or settings.default_ambassador
+            if not ref:
+                raise inquiries.NoAmbassador(
+                    "name an ambassador (no BATON_DEFAULT_AMBASSADOR is set)", path="ambassador"
+                )
+            caller.require(s, parse_ref(ref)[0], "user")
+            agent = registry.resolve_agent(s, ref=ref)
+            if agent.kind != "ambassador":
+                raise inquiries.NotAnAmbassador(
+                    f"'{agent.slug}' is of kind {agent.kind}, not ambassador", path="ambassador"
+                )
+            inquiries.create(
+                s,
+                inquiry_id=inquiry_id,
+                session_id=session_id,
+                user=caller.user,
+                ambassador=agent.slug,
+                version=agent.version,
+                question=body.question,
+            )
+            return agent.pin
+
+    pin = await asyncio.to_thread(record)
+    cfg = settings.session_config()
+    inp = InquiryInput(
+        inquiry_id=inquiry_id,
+        session_id=session_id,
+        user=caller.user,
+        auth=caller.auth,
+        ambassador_pin=pin,
+        question=body.question,
+        default_model=cfg.default_model,
+        prices=cfg.prices,
+        max_steps=settings.inquiry_max_steps,
+        model_turn_timeout_s=cfg.model_turn_timeout_s,
+    )
+    try:
+        await client.execute_workflow(
+            "Inquiry",
+            inp,
+            id=inquiry_id,
+            task_queue=settings.task_queue,
+            result_type=InquiryResult,
+            execution_timeout=timedelta(seconds=settings.inquiry_timeout),
+            static_summary=f"inquiry · {pin} · {session_id}",
+        )
+    except WorkflowFailureError as exc:
+        # Only the execution timeout ends the workflow without an answer stored.
+        raise InquiryTimedOut(
+            f"the ambassador did not answer within {settings.inquiry_timeout:g} s"
+        ) from exc
+    except Exception as exc:
+        if isinstance(exc, BatonError):
+            raise
+        raise EngineUnavailable(f"cannot run the inquiry: {exc}") from exc
+
+    def read() -> inquiries.InquiryPublic:
+        with session_scope(engine) as s:
+            return inquiries.to_public(inquiries.get(s, inquiry_id=inquiry_id))
+
+    return await asyncio.to_thread(read)
+
+
+@router.get(
+    "/{session_id}/inquiries",
+    responses=problem_responses(403, 404, 422),
+    summary="The inquiry thread",
+)
+def list_inquiries(
+    session_id: SessionIdPath, session: SessionDep, caller: CallerDep
+) -> Page[inquiries.InquiryPublic]:
+    """The asking user's inquiries on this session, oldest first (one thread per session
+    and user)."""
+    inquiries.readable_session(
+        session, session_id=session_id, user=caller.user, auth_on=caller.auth
+    )
+    rows = inquiries.thread(session, session_id=session_id, user=caller.user)
+    return Page(data=[inquiries.to_public(r) for r in rows], count=len(rows))
