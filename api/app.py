@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
+from api import ui
 from api.problems import PROBLEM_JSON, install_problem_handlers, problem_response
 from api.routers import agents, inquiries, reviews, sessions, steps, teams
 from baton.db import init_db, make_engine
@@ -102,6 +103,7 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     app.include_router(agents.router)
     app.include_router(sessions.router)
     app.include_router(inquiries.router)
+    ui.install(app)  # the web console at /ui (issue 15)
     app.include_router(reviews.router)
     app.include_router(reviews.audit_router)
     app.include_router(teams.router)

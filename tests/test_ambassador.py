@@ -19,6 +19,8 @@ from baton.contracts import InquiryInput, InquiryToolInput, ToolCall
 from baton.db import (
     ChannelMemory,
     EventRow,
+    InquiryRow,
+    InquiryStepRow,
     MessageRow,
     UsageRow,
     make_engine,
@@ -171,9 +173,9 @@ def test_ambassador_briefs_on_a_team_run_without_entering_it(
         tool_texts = [
             t.text
             for t in s.exec(
-                select(inquiries.InquiryStepRow).where(
-                    inquiries.InquiryStepRow.inquiry_id == body["id"],
-                    inquiries.InquiryStepRow.role == "tool",
+                select(InquiryStepRow).where(
+                    InquiryStepRow.inquiry_id == body["id"],
+                    InquiryStepRow.role == "tool",
                 )
             ).all()
         ]
@@ -329,7 +331,7 @@ def test_belt_reads_only_what_the_asker_may_read(engine: Engine) -> None:
             question="?",
         )
         sid = row.id
-        iid = s.exec(select(inquiries.InquiryRow.id)).one()
+        iid = s.exec(select(InquiryRow.id)).one()
     inp = InquiryInput(
         inquiry_id=iid, session_id=sid, user="ann", auth=True, ambassador_pin="b@1", question="?"
     )
