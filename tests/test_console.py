@@ -230,7 +230,7 @@ def test_always_allow_resolves_the_other_card_in_every_open_inbox(
             p.goto(f"{stack.base}/ui/inbox")
             expect(p.locator(f'#pending [data-review="{rid2}"]')).to_be_visible()
         card = mine.locator(f'#pending [data-review="{rid1}"]')
-        card.get_by_label("Always allow").select_option("all")
+        card.get_by_label("Always allow for").select_option("all")
         card.get_by_role("button", name="Always allow").click()
         for p in (mine, other):
             expect(p.locator(f'#recent [data-review="{rid2}"] .outcome')).to_contain_text(
@@ -371,3 +371,63 @@ def test_agents_teams_and_the_launcher(stack: Stack, page: Page, tmp_path: Path)
     }
     page.wait_for_url(re.compile(r"/ui/sessions/session-"))
     expect(page.locator("#transcript .msg-assistant")).to_have_text(re.compile("target says hi"))
+
+
+def test_auth_mode_token_login_and_the_same_acl_as_the_api(
+    temporal_env: WorkflowEnvironment, browser: Browser, tmp_path: Path
+) -> None:
+    """In auth mode a console page redirects to the token login; a bad token is refused;
+    after login the cookie carries the token to the pages, the SSE inbox and the API, and
+    a user sees and decides only what the API would let them (bob: nothing; ann: her
+    review, decided as ann)."""
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'auth.db'}",
+        temporal_address=temporal_env.client.service_client.config.target_host,
+        task_queue=f"tq-{uuid.uuid4()}",
+        review_timeout=30.0,
+        auth="on",
+    )
+    services = ServicesThread(settings, api_port=free_port())
+    services.start()
+    engine = make_engine(settings.database_url)
+    try:
+        from baton import auth
+        from baton.db import session_scope
+
+        tokens = {}
+        with session_scope(engine) as s:
+            for user in ("ann", "bob"):
+                auth.create_user(s, user_id=user)
+                tokens[user] = auth.issue_token(s, user_id=user)[1]
+        headers = {"Authorization": f"Bearer {tokens['ann']}"}
+        with httpx.Client(base_url=services.api_url, timeout=60, headers=headers) as ann:
+            _agent(ann, "target", playbook=[{"reply": "target says hi"}])
+            _caller(ann, "caller-z")
+            sid = _launch(ann, {"agent": "caller-z", "prompt": "go"})
+            rid = _review_of(ann, sid)
+            context = browser.new_context(viewport=LAPTOP)  # type: ignore[arg-type]
+            try:
+                page = context.new_page()
+                page.goto(f"{services.api_url}/ui/inbox")
+                expect(page).to_have_url(re.compile(r"/ui/login$"))
+                page.get_by_label("API token").fill("baton_wrong")
+                page.get_by_role("button", name="Log in").click()
+                expect(page.get_by_role("alert")).to_have_text("That token is not valid.")
+                page.get_by_label("API token").fill(tokens["bob"])
+                page.get_by_role("button", name="Log in").click()
+                expect(page.locator("#pending-count")).to_have_text("0")
+                assert page.request.get(f"{services.api_url}/ui/sessions/{sid}").status == 403
+                page.get_by_role("button", name="Log out").click()
+                page.get_by_label("API token").fill(tokens["ann"])
+                page.get_by_role("button", name="Log in").click()
+                card = page.locator(f'#pending [data-review="{rid}"]')
+                card.get_by_role("button", name="Allow once").click()
+                expect(page.locator(f'[data-review="{rid}"] .outcome')).to_have_text(
+                    "Allowed by ann"
+                )
+            finally:
+                context.close()
+            _wait_status(ann, sid, "idle")
+    finally:
+        engine.dispose()
+        services.stop()

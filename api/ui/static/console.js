@@ -89,7 +89,7 @@ function fillReview(card, review) {
     }
     const always = el("button", { type: "button", class: "primary", text: "Always allow" });
     always.addEventListener("click", () => decide(card, review, "always_allow", scope.value));
-    buttons.append(always, el("label", { for: id, text: "Always allow" }), scope);
+    buttons.append(always, el("label", { for: id, text: "Always allow for" }), scope);
   }
   body.append(buttons, el("p", { class: "error", role: "alert", hidden: true }));
   tick();
