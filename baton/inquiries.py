@@ -73,6 +73,14 @@ class NotInvocable(BatonError):
     title = "Not invocable"
 
 
+class NoQuestion(BatonError):
+    """A spoken question whose transcript is empty."""
+
+    code = "no_question"
+    status = 422
+    title = "No question"
+
+
 class InquiryNotFound(NotFound):
     code = "inquiry_not_found"
 

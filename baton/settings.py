@@ -121,6 +121,15 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="Seconds POST /v1/sessions/{id}/inquiries waits for the answer.",
     )
+    voice_base_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible base URL for the ambassador's voice (/audio/speech, "
+        "/audio/transcriptions); unset = voice off.",
+    )
+    voice_api_key: SecretStr | None = Field(default=None, description="Key of the voice provider.")
+    voice_tts_model: str = Field(default="tts-1", max_length=200)
+    voice_stt_model: str = Field(default="whisper-1", max_length=200)
+    voice_name: str = Field(default="alloy", max_length=100, description="The speaking voice.")
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:

@@ -27,10 +27,12 @@ from baton.db import (
     session_scope,
 )
 from baton.settings import Settings
+from tests.conftest import serve
 from tests.helpers import publish
 from tests.test_api_agents import assert_problem
 from tests.test_api_teams import live_team
 from tests.test_resolver import Catalog
+from tests.voice_stub import TRANSCRIPT, VoiceStub
 from worker.stack import ServicesThread, free_port
 
 #: The step cap the live stack runs with (the edge tests use it).
@@ -61,11 +63,25 @@ BRIEFER_PLAYBOOK: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
+def voice_stub() -> Iterator[tuple[VoiceStub, str]]:
+    """The voice stub under uvicorn on loopback, and its base URL."""
+    stub = VoiceStub()
+    server, thread, base = serve(stub.app)
+    try:
+        yield stub, f"{base}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
 def stack(
-    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+    temporal_env: WorkflowEnvironment,
+    tmp_path_factory: pytest.TempPathFactory,
+    voice_stub: tuple[VoiceStub, str],
 ) -> Iterator[tuple[httpx.Client, Engine]]:
     """One real API + worker + dev server + SQLite file for the module, with the default
-    ambassador ``briefer`` and a step cap of :data:`MAX_STEPS`."""
+    ambassador ``briefer``, a step cap of :data:`MAX_STEPS` and voice on the stub."""
     db = tmp_path_factory.mktemp("amb") / "amb.db"
     settings = Settings(
         database_url=f"sqlite:///{db}",
@@ -73,6 +89,7 @@ def stack(
         task_queue=f"tq-{uuid.uuid4()}",
         default_ambassador="briefer",
         inquiry_max_steps=MAX_STEPS,
+        voice_base_url=voice_stub[1],
     )
     services = ServicesThread(settings, api_port=free_port())
     services.start()
@@ -275,6 +292,13 @@ def test_no_ambassador_named_nor_default_is_a_clear_422(live_api: httpx.Client) 
     resp = live_api.post(f"/v1/sessions/{sid}/inquiries", json={"question": "x"})
     assert_problem(resp, 422, "no_ambassador")
     assert live_api.get(f"/v1/sessions/{sid}/inquiries").json()["count"] == 0
+    # Voice is off without a provider: both voice routes say so.
+    spoken = live_api.post(
+        f"/v1/sessions/{sid}/inquiries/voice", files={"audio": ("q.webm", b"xx", "audio/webm")}
+    )
+    assert_problem(spoken, 404, "voice_off")
+    speech = live_api.get(f"/v1/sessions/{sid}/inquiries/inquiry-{uuid.uuid4()}/speech")
+    assert_problem(speech, 404, "voice_off")
 
 
 def test_every_path_that_runs_an_ambassador_is_refused(engine: Engine) -> None:
@@ -358,3 +382,65 @@ def _provenance() -> Any:
     from baton.contracts import Provenance
 
     return Provenance(created_by_user="ann")
+
+
+def test_a_failing_inquiry_is_stored_failed_and_the_session_is_untouched(
+    stack: tuple[httpx.Client, Engine],
+) -> None:
+    """With the balance spent the ambassador's model call is refused (non-retryable): the
+    inquiry answers 201 with status failed and the reason, at once, and the thread keeps it."""
+    api, engine = stack
+    sid = _team_run(api)
+    before = _footprint(engine, sid)
+    assert api.put("/v1/balance", json={"balance": 0}).status_code == 200
+    try:
+        resp = api.post(f"/v1/sessions/{sid}/inquiries", json={"question": "decide?"})
+    finally:
+        assert api.put("/v1/balance", json={"balance": None}).status_code == 200
+    assert resp.status_code == 201, resp.text
+    body = resp.json()
+    assert body["status"] == "failed" and "balance_exhausted" in body["error"]
+    assert body["answer"] is None and body["steps"] == 1
+    assert _footprint(engine, sid) == before
+    assert api.get(f"/v1/sessions/{sid}/inquiries").json()["data"][-1]["status"] == "failed"
+
+
+def test_voice_a_spoken_question_is_answered_and_the_answer_spoken(
+    stack: tuple[httpx.Client, Engine], voice_stub: tuple[VoiceStub, str]
+) -> None:
+    """With a voice provider, an uploaded question is transcribed (/audio/transcriptions)
+    and answered through the same core (same belt, same thread); its answer is spoken as
+    MP3 (/audio/speech); oversized audio is 413 audio_too_large before the provider."""
+    api, _ = stack
+    stub, _base = voice_stub
+    sid = _team_run(api)
+    resp = api.post(
+        f"/v1/sessions/{sid}/inquiries/voice",
+        files={"audio": ("q.webm", b"spoken-bytes", "audio/webm")},
+    )
+    assert resp.status_code == 201, resp.text
+    body = resp.json()
+    assert body["question"] == TRANSCRIPT and body["draft"] == "Please cite the checker."
+    assert stub.requests[-1] == {
+        "path": "transcriptions",
+        "model": "whisper-1",
+        "audio": b"spoken-bytes",
+    }
+    audio = api.get(f"/v1/sessions/{sid}/inquiries/{body['id']}/speech")
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/mpeg"
+    assert audio.content == b"FAKEMP3:" + body["answer"].encode()
+    assert stub.requests[-1]["model"] == "tts-1" and stub.requests[-1]["voice"] == "alloy"
+    heard = len(stub.requests)
+    from baton.voice import MAX_AUDIO_BYTES
+
+    ok = api.post(
+        f"/v1/sessions/{sid}/inquiries/voice",
+        files={"audio": ("q.webm", b"x" * MAX_AUDIO_BYTES, "audio/webm")},
+    )
+    assert ok.status_code == 201, ok.text
+    big = api.post(
+        f"/v1/sessions/{sid}/inquiries/voice",
+        files={"audio": ("q.webm", b"x" * (MAX_AUDIO_BYTES + 1), "audio/webm")},
+    )
+    assert_problem(big, 413, "audio_too_large")
+    assert len(stub.requests) == heard + 1  # only the one at the bound reached the provider

@@ -11,17 +11,19 @@ import uuid
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, File, Form, Path, Response, UploadFile, status
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from temporalio.client import WorkflowFailureError
+from sqlalchemy.engine import Engine
+from temporalio.client import Client, WorkflowFailureError
 
-from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
-from baton import inquiries, registry
+from baton import inquiries, registry, voice
 from baton.contracts import MAX_MESSAGE_CHARS, InquiryInput, InquiryResult
 from baton.db import session_scope
 from baton.errors import BatonError, EngineUnavailable
 from baton.schemas import Page
+from baton.settings import Settings
 from baton.spec import REF_PATTERN, SafeText, parse_ref
 
 router = APIRouter(prefix="/v1/sessions", tags=["inquiries"])
@@ -76,6 +78,29 @@ async def create_inquiry(
     wrote one). Needs viewer on the session's agent and user on the ambassador (auth
     mode). 422 ``no_ambassador`` when none is named and no default is set, 422
     ``not_an_ambassador`` for an agent of another kind."""
+    return await ask(
+        engine,
+        settings,
+        client,
+        caller,
+        session_id=session_id,
+        question=body.question,
+        ambassador=body.ambassador,
+    )
+
+
+async def ask(
+    engine: Engine,
+    settings: Settings,
+    client: Client,
+    caller: Caller,
+    *,
+    session_id: str,
+    question: str,
+    ambassador: str | None,
+) -> inquiries.InquiryPublic:
+    """The answer core of typed and spoken questions: record the inquiry, run its
+    ``Inquiry`` workflow to the end, return the stored inquiry (see create_inquiry)."""
     inquiry_id = f"inquiry-{uuid.uuid4()}"
 
     def record() -> str:
@@ -83,7 +108,7 @@ async def create_inquiry(
             inquiries.readable_session(
                 s, session_id=session_id, user=caller.user, auth_on=caller.auth
             )
-            ref = body.ambassador or settings.default_ambassador
+            ref = ambassador or settings.default_ambassador
             if not ref:
                 raise inquiries.NoAmbassador(
                     "name an ambassador (no BATON_DEFAULT_AMBASSADOR is set)", path="ambassador"
@@ -101,7 +126,7 @@ async def create_inquiry(
                 user=caller.user,
                 ambassador=agent.slug,
                 version=agent.version,
-                question=body.question,
+                question=question,
             )
             return agent.pin
 
@@ -113,7 +138,7 @@ async def create_inquiry(
         user=caller.user,
         auth=caller.auth,
         ambassador_pin=pin,
-        question=body.question,
+        question=question,
         default_model=cfg.default_model,
         prices=cfg.prices,
         max_steps=settings.inquiry_max_steps,
@@ -144,6 +169,87 @@ async def create_inquiry(
             return inquiries.to_public(inquiries.get(s, inquiry_id=inquiry_id))
 
     return await asyncio.to_thread(read)
+
+
+@router.post(
+    "/{session_id}/inquiries/voice",
+    status_code=status.HTTP_201_CREATED,
+    responses=problem_responses(403, 404, 413, 422, 502, 503, 504),
+    summary="Ask the ambassador by voice",
+)
+async def create_spoken_inquiry(
+    session_id: SessionIdPath,
+    audio: Annotated[UploadFile, File(description="The spoken question.")],
+    engine: EngineDep,
+    settings: SettingsDep,
+    client: TemporalDep,
+    caller: CallerDep,
+    ambassador: Annotated[str | None, Form(pattern=REF_PATTERN)] = None,
+) -> inquiries.InquiryPublic:
+    """Transcribe the question (``/audio/transcriptions``) and answer it as a typed one:
+    the inquiry's ``question`` is the transcript. 404 ``voice_off`` without a voice
+    provider, 413 ``audio_too_large``, 502 ``voice_provider_error``."""
+    await asyncio.to_thread(
+        _readable, engine, caller, session_id
+    )  # 404/403 before the provider hears anything
+    data = await audio.read(voice.MAX_AUDIO_BYTES + 1)
+    text = await voice.transcribe(
+        settings,
+        filename=audio.filename or "question.webm",
+        data=data,
+        content_type=audio.content_type or "application/octet-stream",
+    )
+    if not text.strip():
+        raise inquiries.NoQuestion("the recording holds no words", path="audio")
+    return await ask(
+        engine,
+        settings,
+        client,
+        caller,
+        session_id=session_id,
+        question=text[:MAX_MESSAGE_CHARS],
+        ambassador=ambassador,
+    )
+
+
+def _readable(engine: Engine, caller: Caller, session_id: str) -> None:
+    with session_scope(engine) as s:
+        inquiries.readable_session(s, session_id=session_id, user=caller.user, auth_on=caller.auth)
+
+
+@router.get(
+    "/{session_id}/inquiries/{inquiry_id}/speech",
+    response_class=Response,
+    responses={
+        200: {"content": {"audio/mpeg": {}}, "description": "The answer, spoken"},
+        **problem_responses(403, 404, 422, 502),
+    },
+    summary="Hear the ambassador's answer",
+)
+async def speak_answer(
+    session_id: SessionIdPath,
+    inquiry_id: Annotated[str, Path(pattern=r"^inquiry-[0-9a-f-]{36}$")],
+    engine: EngineDep,
+    settings: SettingsDep,
+    caller: CallerDep,
+) -> Response:
+    """The answer as MP3 (``/audio/speech``): a spoken briefing. 404 ``voice_off``
+    without a voice provider; 404 ``inquiry_not_found`` for another user's inquiry."""
+    if not voice.enabled(settings):
+        raise voice.VoiceOff("voice is off: set BATON_VOICE_BASE_URL")
+
+    def answer() -> str:
+        with session_scope(engine) as s:
+            inquiries.readable_session(
+                s, session_id=session_id, user=caller.user, auth_on=caller.auth
+            )
+            row = inquiries.get(s, inquiry_id=inquiry_id)
+            if row.session_id != session_id or row.user_id != caller.user:
+                raise inquiries.InquiryNotFound(f"no inquiry '{inquiry_id}' of yours here")
+            return row.answer or row.error or ""
+
+    text = await asyncio.to_thread(answer)
+    return Response(content=await voice.speak(settings, text), media_type="audio/mpeg")
 
 
 @router.get(

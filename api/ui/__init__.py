@@ -26,7 +26,7 @@ from sqlmodel import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import TOKEN_COOKIE, Caller, get_caller
-from baton import auth, delegations, inquiries, registry, reviews, sessions, teams
+from baton import auth, delegations, inquiries, registry, reviews, sessions, teams, voice
 from baton.auth import Unauthorized
 from baton.db import ReviewRow, session_scope
 from baton.settings import Settings
@@ -233,6 +233,7 @@ def session_page(request: Request, session_id: str, caller: UiCaller) -> HTMLRes
         ambassadors=[a["slug"] for a in agents if a["kind"] == "ambassador"],
         default_ambassador=settings.default_ambassador,
         review_timeout=settings.review_timeout,
+        voice=voice.enabled(settings),
     )
 
 

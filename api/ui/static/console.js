@@ -248,6 +248,10 @@ function ambassadorPanel(sid) {
       el("p", { class: "q", text: `You asked: ${inq.question}` }),
       el("p", { class: "a", text: inq.status === "failed"
         ? `The ambassador could not answer: ${inq.error || ""}` : `${inq.ambassador}: ${inq.answer || "…"}` }));
+    if (document.body.dataset.voice === "on" && inq.status === "answered") {
+      li.append(el("audio", { controls: true, preload: "none", "aria-label": "Listen to the answer",
+        src: `/v1/sessions/${sid}/inquiries/${inq.id}/speech` }));
+    }
     if (inq.draft) {
       li.append(el("p", { class: "meta", text: "Draft for you to send:" }),
         el("p", { class: "draft", text: inq.draft }));
