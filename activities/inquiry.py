@@ -298,6 +298,9 @@ class InquiryActivities:
                 text, ok = str(exc), False
             except BatonError as exc:  # not found / forbidden: told to the model, not raised
                 text, ok = f"{exc.code}: {exc.detail}", False
+            except Exception as exc:  # a broken tool must reach the model, not stall the loop
+                s.rollback()
+                text, ok = f"tool '{inp.call.name}' failed: {type(exc).__name__}: {exc}", False
         with session_scope(self._engine) as s:
             inquiries.add_step(
                 s,

@@ -35,6 +35,8 @@ from tests.test_resolver import Catalog
 from tests.voice_stub import TRANSCRIPT, VoiceStub
 from worker.stack import ServicesThread, free_port
 
+#: Seconds the live stack's inquiries may take (the slow ambassador takes 10 s).
+INQUIRY_TIMEOUT = 4.0
 #: The step cap the live stack runs with (the edge tests use it).
 MAX_STEPS = 4
 
@@ -90,6 +92,7 @@ def stack(
         default_ambassador="briefer",
         inquiry_max_steps=MAX_STEPS,
         voice_base_url=voice_stub[1],
+        inquiry_timeout=INQUIRY_TIMEOUT,
     )
     services = ServicesThread(settings, api_port=free_port())
     services.start()
@@ -98,6 +101,18 @@ def stack(
         with httpx.Client(base_url=services.api_url, timeout=60) as client:
             live_team(client)
             for slug, spec in (
+                (
+                    "slow",
+                    {
+                        "kind": "ambassador",
+                        "playbook": [
+                            {
+                                "reply": "one two three four five six seven eight nine ten",
+                                "chunk_delay_ms": 1000,
+                            }
+                        ],
+                    },
+                ),
                 ("briefer", {"kind": "ambassador", "playbook": BRIEFER_PLAYBOOK}),
                 (
                     "looper",
@@ -199,7 +214,8 @@ def test_ambassador_briefs_on_a_team_run_without_entering_it(
     assert len(steps) == 4 and {u.agent_slug for u in steps} == {"briefer"}
     # The belt really read the run: the summary names the delegations, the turn its tools.
     assert "lead delegated to checker" in tool_texts[0] and "CHECKED" in tool_texts[0]
-    assert "tool delegate_to" in tool_texts[1] and "checker" in tool_texts[1]
+    assert "tool delegate_to" in tool_texts[1]
+    assert "delegation (delegate_to) lead → checker: task 'check the claim'" in tool_texts[1]
 
     thread = api.get(f"/v1/sessions/{sid}/inquiries").json()
     assert thread["count"] == 1 and thread["data"][0]["id"] == body["id"]
@@ -444,3 +460,16 @@ def test_voice_a_spoken_question_is_answered_and_the_answer_spoken(
     )
     assert_problem(big, 413, "audio_too_large")
     assert len(stub.requests) == heard + 1  # only the one at the bound reached the provider
+
+
+def test_an_inquiry_past_its_timeout_is_504_and_stored_failed(
+    stack: tuple[httpx.Client, Engine],
+) -> None:
+    """An ambassador slower than BATON_INQUIRY_TIMEOUT: 504 inquiry_timeout, and the
+    thread shows that inquiry failed (no row is left running)."""
+    api, _ = stack
+    sid = _team_run(api)
+    resp = api.post(f"/v1/sessions/{sid}/inquiries", json={"question": "x", "ambassador": "slow"})
+    assert_problem(resp, 504, "inquiry_timeout")
+    (row,) = api.get(f"/v1/sessions/{sid}/inquiries").json()["data"]
+    assert row["status"] == "failed" and "did not answer within 4 s" in row["error"]

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         InquiryResult,
         InquiryToolInput,
         InquiryTurnInput,
+        ToolCall,
         position,
     )
     from workflows.options import MODEL_RETRY, STORE_RETRY, STORE_TIMEOUT, TOOL_TIMEOUT
@@ -71,23 +72,30 @@ class InquiryWorkflow:
                     InquiryFinish(inquiry_id=inp.inquiry_id, answer_message_id=last, steps=step),
                 )
             for index, call in enumerate(result.tool_calls[:MAX_CALLS_PER_STEP]):
-                await workflow.execute_activity_method(
-                    InquiryActivities.inquiry_tool,
-                    InquiryToolInput(
-                        inquiry=inp,
-                        message_id=f"{inp.inquiry_id}:s{step}:tool:{call.id}",
-                        position=position(0, step, 2, index),
-                        call=call,
-                    ),
-                    start_to_close_timeout=TOOL_TIMEOUT,
-                    retry_policy=STORE_RETRY,
-                    summary=f"{call.name}",
-                )
+                try:
+                    await self._tool(inp, step, index, call)
+                except ActivityError as err:
+                    done = InquiryFinish(inquiry_id=inp.inquiry_id, steps=step, error=_cause(err))
+                    return await self._finish(inp, done)
         return await self._finish(
             inp,
             InquiryFinish(
                 inquiry_id=inp.inquiry_id, answer_message_id=last, steps=inp.max_steps, capped=True
             ),
+        )
+
+    async def _tool(self, inp: InquiryInput, step: int, index: int, call: ToolCall) -> None:
+        await workflow.execute_activity_method(
+            InquiryActivities.inquiry_tool,
+            InquiryToolInput(
+                inquiry=inp,
+                message_id=f"{inp.inquiry_id}:s{step}:tool:{call.id}",
+                position=position(0, step, 2, index),
+                call=call,
+            ),
+            start_to_close_timeout=TOOL_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"{call.name}",
         )
 
     async def _finish(self, inp: InquiryInput, done: InquiryFinish) -> InquiryResult:

@@ -7,13 +7,15 @@ workflow (id ``inquiry-<uuid>``); nothing it does enters the session.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Path, Response, UploadFile, status
+from fastapi import APIRouter, Path, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.engine import Engine
+from starlette.datastructures import UploadFile as StarletteUpload
 from temporalio.client import Client, WorkflowFailureError
 
 from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
@@ -35,6 +37,12 @@ class InquiryTimedOut(BatonError):
     code = "inquiry_timeout"
     status = 504
     title = "Inquiry timed out"
+
+
+class VoiceInputInvalid(BatonError):
+    code = "invalid_voice_request"
+    status = 422
+    title = "Invalid voice request"
 
 
 class InquiryCreate(BaseModel):
@@ -155,10 +163,19 @@ async def ask(
             static_summary=f"inquiry · {pin} · {session_id}",
         )
     except WorkflowFailureError as exc:
-        # Only the execution timeout ends the workflow without an answer stored.
-        raise InquiryTimedOut(
-            f"the ambassador did not answer within {settings.inquiry_timeout:g} s"
-        ) from exc
+        # The workflow stores every outcome itself; only its execution timeout (or an
+        # operator's terminate) ends it without one: record that, so no row stays running.
+        detail = f"the ambassador did not answer within {settings.inquiry_timeout:g} s"
+
+        def timed_out() -> None:
+            with session_scope(engine) as s:
+                row = inquiries.get(s, inquiry_id=inquiry_id)
+                inquiries.finish(
+                    s, inquiry_id=inquiry_id, answer=None, steps=row.steps, error=detail
+                )
+
+        await asyncio.to_thread(timed_out)
+        raise InquiryTimedOut(detail) from exc
     except Exception as exc:
         if isinstance(exc, BatonError):
             raise
@@ -176,23 +193,49 @@ async def ask(
     status_code=status.HTTP_201_CREATED,
     responses=problem_responses(403, 404, 413, 422, 502, 503, 504),
     summary="Ask the ambassador by voice",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["audio"],
+                        "properties": {
+                            "audio": {"type": "string", "format": "binary"},
+                            "ambassador": {"type": "string", "pattern": REF_PATTERN},
+                        },
+                    },
+                    "example": {"audio": "(question.webm)", "ambassador": "briefer"},
+                }
+            },
+        }
+    },
 )
 async def create_spoken_inquiry(
     session_id: SessionIdPath,
-    audio: Annotated[UploadFile, File(description="The spoken question.")],
+    request: Request,
     engine: EngineDep,
     settings: SettingsDep,
     client: TemporalDep,
     caller: CallerDep,
-    ambassador: Annotated[str | None, Form(pattern=REF_PATTERN)] = None,
 ) -> inquiries.InquiryPublic:
     """Transcribe the question (``/audio/transcriptions``) and answer it as a typed one:
     the inquiry's ``question`` is the transcript. 404 ``voice_off`` without a voice
     provider, 413 ``audio_too_large``, 502 ``voice_provider_error``."""
-    await asyncio.to_thread(
-        _readable, engine, caller, session_id
-    )  # 404/403 before the provider hears anything
-    data = await audio.read(voice.MAX_AUDIO_BYTES + 1)
+    if not voice.enabled(settings):
+        raise voice.VoiceOff("voice is off: set BATON_VOICE_BASE_URL")
+    # 404/403 before the provider hears anything.
+    await asyncio.to_thread(_readable, engine, caller, session_id)
+    async with request.form(max_files=1, max_fields=2) as form:
+        audio, ambassador = form.get("audio"), form.get("ambassador")
+        if not isinstance(audio, StarletteUpload):
+            raise VoiceInputInvalid("send the question as the multipart file `audio`", path="audio")
+        if ambassador is not None and (
+            not isinstance(ambassador, str) or not re.fullmatch(REF_PATTERN, ambassador)
+        ):
+            raise VoiceInputInvalid("ambassador must be a slug or slug@version", path="ambassador")
+        data = await audio.read(voice.MAX_AUDIO_BYTES + 1)
     text = await voice.transcribe(
         settings,
         filename=audio.filename or "question.webm",
