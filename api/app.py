@@ -15,13 +15,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
+from api import ui
 from api.problems import (
     PROBLEM_JSON,
     document_common_problems,
     install_problem_handlers,
     problem_response,
 )
-from api.routers import agents, reviews, sessions, steps, teams
+from api.routers import agents, inquiries, reviews, sessions, steps, teams
 from baton.db import make_engine
 from baton.migrate import require_current
 from baton.settings import Settings, get_settings
@@ -110,6 +111,8 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
 
     app.include_router(agents.router)
     app.include_router(sessions.router)
+    app.include_router(inquiries.router)
+    ui.install(app)  # the web console at /ui (issue 15)
     app.include_router(reviews.router)
     app.include_router(reviews.audit_router)
     app.include_router(teams.router)

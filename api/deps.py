@@ -19,6 +19,8 @@ from baton.errors import EngineUnavailable
 from baton.settings import Settings
 
 log = logging.getLogger("baton.api")
+#: Cookie of the web console holding the bearer token (issue 15).
+TOKEN_COOKIE = "baton_token"
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -90,10 +92,16 @@ def get_caller(
         str | None, Header(description="`Bearer <token>` (auth mode only).")
     ] = None,
 ) -> Caller:
-    """The calling user: ``local`` with ``BATON_AUTH=off``; else from the bearer token (401)."""
+    """The calling user: ``local`` with ``BATON_AUTH=off``; else from the bearer token (401).
+
+    Without an ``Authorization`` header the web console's ``baton_token`` cookie
+    (SameSite=Strict, HttpOnly; set by ``/ui/login``) carries the same bearer token.
+    """
     settings: Settings = request.app.state.settings
     if settings.auth == "off":
         return Caller(user=access.LOCAL_USER, auth=False)
+    if authorization is None and request.cookies.get(TOKEN_COOKIE):
+        authorization = f"Bearer {request.cookies[TOKEN_COOKIE]}"
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise access.Unauthorized("send `Authorization: Bearer <token>` (BATON_AUTH=on)")

@@ -388,6 +388,7 @@ def dev(
     ) as cfg:
         console.print(
             f"[bold green]Baton is up[/]  API http://127.0.0.1:{port}  "
+            f"Console http://127.0.0.1:{port}/ui  "
             f"Temporal UI {cfg.temporal_ui_url}  (Ctrl-C to stop)"
         )
         _run_until_signal(lambda stop: run_services(cfg, stop=stop, api_port=port))
@@ -558,6 +559,8 @@ def _demo_team(http: httpx.Client) -> bool:
         table.add_row(a["caller"], a["operation"], a["target"] or "", a["outcome"], a["decided_by"])
     console.print(table)
     console.print(f"Temporal UI: {session['workflow_url']}", soft_wrap=True)
+    base = str(http.base_url).rstrip("/")
+    console.print(f"Web console: {base}/ui/sessions/{session_id}", soft_wrap=True)
     return failed
 
 

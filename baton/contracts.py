@@ -99,6 +99,8 @@ class ResolvedAgent(BaseModel):
     workspace_sharing: Literal["isolated", "shareable"] = "isolated"
     subagents: list[ResolvedNode] = Field(default_factory=list)
     inheritance: list[str] = Field(default_factory=list)
+    #: issue 15: an ambassador only answers inquiries; it is never invoked or delegated to.
+    kind: Literal["agent", "ambassador"] = "agent"
 
     @property
     def pin(self) -> str:
@@ -895,3 +897,68 @@ class LateDecision(BaseModel):
 
 
 SessionInput.model_rebuild()
+# --- Inquiries (issue 15: the ambassador, seed 002) ---------------------------------------
+
+#: The ambassador's read-only tool belt, plus ``draft_message`` (writes only to the inquiry).
+AMBASSADOR_TOOLS = (
+    "list_conversations",
+    "read_conversation",
+    "explore_conversation",
+    "summarize_conversation",
+    "draft_message",
+)
+
+
+class InquiryInput(BaseModel):
+    """``Inquiry`` workflow input: who asks what about which session, set by the API only."""
+
+    inquiry_id: str
+    session_id: str
+    user: str
+    auth: bool = False
+    ambassador_pin: str
+    question: str
+    default_model: str | None = None
+    prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    max_steps: int = Field(default=8, description="Model calls one inquiry may make.")
+    model_turn_timeout_s: float = 300.0
+    config: SessionConfig = Field(
+        default_factory=SessionConfig,
+        description="The engine's activity timeouts and retry budget (as a session's).",
+    )
+
+
+class InquiryTurnInput(BaseModel):
+    """``inquiry_turn`` activity input: ids chosen by the workflow (claim-check)."""
+
+    inquiry: InquiryInput
+    step: int
+    message_id: str
+    position: str
+
+
+class InquiryToolInput(BaseModel):
+    """``inquiry_tool`` activity input: one tool call of the ambassador."""
+
+    inquiry: InquiryInput
+    message_id: str
+    position: str
+    call: ToolCall
+
+
+class InquiryFinish(BaseModel):
+    """``finish_inquiry`` activity input: the final answer (or the failure) to store."""
+
+    inquiry_id: str
+    answer_message_id: str | None = None
+    steps: int = 0
+    error: str | None = None
+    capped: bool = Field(default=False, description="The step cap ended the loop.")
+
+
+class InquiryResult(BaseModel):
+    """What the Inquiry workflow returns: the stored status (answer text stays in the DB)."""
+
+    inquiry_id: str
+    status: Literal["answered", "failed"]
+    steps: int = 0

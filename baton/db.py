@@ -405,6 +405,50 @@ class TokenReservationRow(SQLModel, table=True):
     settled_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class InquiryRow(SQLModel, table=True):
+    """One question to an ambassador about a session, and its answer (issue 15).
+
+    The thread of a session and user is their inquiries by ``created_at``. Nothing
+    here is ever read into the session's transcript, events or usage (seed 002,
+    'Ambassador': the no-pollution invariant).
+    """
+
+    __tablename__ = "inquiries"
+
+    id: str = Field(primary_key=True, max_length=80)  # inquiry-<uuid>, the workflow id
+    session_id: str = Field(index=True, max_length=80)
+    user_id: str = Field(index=True, max_length=200)
+    ambassador_slug: str = Field(max_length=63)
+    ambassador_version: int = 0
+    question: str = ""
+    status: str = Field(default="running", max_length=20)  # running | answered | failed
+    answer: str | None = None
+    draft: str | None = None
+    error: str | None = None
+    steps: int = 0
+    sent_message_id: str | None = Field(default=None, max_length=160)
+    created_at: datetime = _ts(index=True)
+    answered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class InquiryStepRow(SQLModel, table=True):
+    """The ambassador's own working transcript of one inquiry: its replies and tool results,
+    under ids the Inquiry workflow chooses (a retried activity never duplicates one)."""
+
+    __tablename__ = "inquiry_steps"
+
+    id: str = Field(primary_key=True, max_length=200)
+    inquiry_id: str = Field(index=True, max_length=80)
+    position: str = Field(max_length=40)
+    role: str = Field(max_length=20)  # assistant | tool
+    text: str = ""
+    tool_name: str | None = Field(default=None, max_length=64)
+    tool_call_id: str | None = Field(default=None, max_length=120)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, sa_type=sa.JSON)
+    is_error: bool = False
+    created_at: datetime = _ts()
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; for a SQLite file, its folder is created.
 

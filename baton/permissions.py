@@ -18,6 +18,10 @@ list / read (X-Agent)     —          —         view  seed 003 precedence    
 create (X-Agent)          —          —         —     always a review          —
 ========================  =========  ========  ====  =======================  ==========
 
+An ambassador (``kind: ambassador``, issue 15) is never a target of a path that
+makes it run: every such path is refused ``not_invocable`` right after the guards
+(seed 002, 'Ambassador': it runs beside a conversation, never in one).
+
 Sources: seed 000 (self-invocation guard, one-hop rule), seed 003 (ACL before
 policy, precedence per-target → global → review, create always reviews), seed
 002 (team membership and the opt-in roster are what a human set up, so those
@@ -33,7 +37,7 @@ from typing import Literal
 
 from sqlmodel import Session, select
 
-from baton import auth, policies, roster
+from baton import auth, policies, registry, roster
 from baton.contracts import (
     BLOCKED_BY_POLICY,
     TeamMemberSnapshot,
@@ -44,6 +48,8 @@ from baton.contracts import (
 from baton.db import Agent, AgentLivePointer
 
 Verdict = Literal["allow", "review", "refuse"]
+#: Refusal code for a path that would make an ambassador run (issue 15).
+NOT_INVOCABLE = "not_invocable"
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,8 @@ def decide(session: Session, req: Request) -> Decision:
     Refusal codes: ``self_invocation``, ``self_delegation``, ``one_hop_violation``
     (guards, audited), ``unknown_agent`` / ``agent_not_runnable`` (not audited:
     nothing to protect), ``access_denied`` (ACL, audited), ``not_a_member``,
-    ``not_on_roster`` (not audited: the path simply does not exist),
+    ``not_on_roster``, ``not_invocable`` (an ambassador; not audited: the path simply
+    does not exist),
     ``blocked_by_policy`` (audited).
     """
     runs = req.via is not None
@@ -106,6 +113,13 @@ def decide(session: Session, req: Request) -> Decision:
         )
         if guard is not None:
             return _refuse(guard.code, guard.message, "guard")
+        if req.target is not None and registry.is_ambassador(session, slug=req.target):
+            return _refuse(
+                NOT_INVOCABLE,
+                f"'{req.target}' is an ambassador: it answers a person's inquiries and is "
+                "never invoked or delegated to",
+                None,
+            )
     member: TeamMemberSnapshot | None = None
     if req.via in ("delegate_to", "route") and req.team is not None:
         member = next((m for m in req.team.specialists() if m.agent_id == req.target), None)

@@ -31,6 +31,7 @@ from baton.errors import (
     AgentNotFound,
     AgentNotPublished,
     AgentRetired,
+    BatonError,
     ConcurrentModification,
     InvalidReference,
     InvalidSpec,
@@ -351,6 +352,15 @@ def resolve_agent(session: Session, *, ref: str, user: str | None = None) -> Res
         shown = shown_references(resolved, lambda pin: resolver.chain(lookup(pin)))
         auth.require_references(session, user_id=user, references=shown)
     return resolved
+
+
+def is_ambassador(session: Session, *, slug: str) -> bool:
+    """Whether the live revision of ``slug`` resolves to ``kind: ambassador`` (issue 15);
+    False for an agent that does not resolve (its own refusal applies then)."""
+    try:
+        return resolve_agent(session, ref=slug).kind == "ambassador"
+    except BatonError:
+        return False
 
 
 def shown_references(

@@ -11,7 +11,8 @@ merge rules are Baton's and are documented in README 'Resolution rules'):
   prompts with a blank line, replace keeps the derived prompt only; model and
   playbook: the most derived value set; skills and tools: ordered union;
   ``allowed_tools``: intersection (null = no envelope); ``blocked_tools``: union;
-  limits: the minimum of the values set; ``workspace_sharing``: isolated wins.
+  limits: the minimum of the values set; ``workspace_sharing``: isolated wins;
+  ``kind``: the most derived value set, else ``agent`` (issue 15).
 - Narrowing only: a derived agent or a subagent node can never use a tool its
   base or its parent's envelope does not allow, nor one they block.
 - Subagents: base nodes then derived nodes, then the tree bounds apply to the
@@ -81,6 +82,7 @@ class _Intrinsic:
     available_for_delegation: bool | None = None
     delegation_hint: str | None = None
     workspace_sharing: Literal["isolated", "shareable"] | None = None
+    kind: Literal["agent", "ambassador"] | None = None
     nodes: list[tuple[SubagentNode, str]] = field(default_factory=list)
     chain: list[str] = field(default_factory=list)
 
@@ -153,6 +155,7 @@ def _fold(base: _Intrinsic, rev: LoadedRevision, path_prefix: str) -> _Intrinsic
         ),
         delegation_hint=spec.delegation.delegation_hint or base.delegation_hint,
         workspace_sharing=sharing,
+        kind=spec.kind or base.kind,
         nodes=[*base.nodes, *with_paths(spec.subagents, f"{path_prefix}subagents")],
         chain=[rev.pin, *base.chain],
     )
@@ -264,6 +267,7 @@ class Resolver:
                 delegation_hint=layer.delegation_hint,
             ),
             workspace_sharing=layer.workspace_sharing or "isolated",
+            kind=layer.kind or "agent",
             subagents=[self._node(node, path, envelope) for node, path in layer.nodes],
             inheritance=layer.chain,
         )

@@ -39,7 +39,7 @@ def _all(session: Session) -> list[tuple[str, str]]:
             agent = registry.resolve_agent(session, ref=slug)
         except BatonError:
             continue  # a live agent that no longer resolves cannot take work
-        if agent.delegation.available_for_delegation:
+        if agent.delegation.available_for_delegation and agent.kind != "ambassador":
             out.append((slug, agent.delegation.delegation_hint or agent.description))
     _cache = (now, out)
     return out

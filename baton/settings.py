@@ -179,6 +179,32 @@ class Settings(BaseSettings):
         description="Under a token_budget: the most output tokens one model call reserves "
         "(its max_tokens, also capped to what the budget has left).",
     )
+    # --- issue 15: the ambassador ---
+    default_ambassador: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$",
+        description="Ambassador (an agent of kind ambassador) an inquiry gets when it names "
+        "none (seed 002, 'the default ambassador profile').",
+    )
+    inquiry_max_steps: int = Field(
+        default=8, ge=1, le=50, description="Model calls one inquiry may make (its step cap)."
+    )
+    inquiry_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds POST /v1/sessions/{id}/inquiries waits for the answer.",
+    )
+    voice_base_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible base URL for the ambassador's voice (/audio/speech, "
+        "/audio/transcriptions); unset = voice off.",
+    )
+    voice_api_key: SecretStr | None = Field(default=None, description="Key of the voice provider.")
+    voice_tts_model: str = Field(default="tts-1", max_length=200)
+    voice_stt_model: str = Field(default="whisper-1", max_length=200)
+    voice_name: str = Field(default="alloy", max_length=100, description="The speaking voice.")
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:

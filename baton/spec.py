@@ -326,6 +326,11 @@ class AgentSpec(_Strict):
     limits: AgentLimits = Field(default_factory=AgentLimits)
     delegation: DelegationConfig = Field(default_factory=DelegationConfig)
     workspace_sharing: Literal["isolated", "shareable"] | None = None
+    kind: Literal["agent", "ambassador"] | None = Field(
+        default=None,
+        description="agent (default) or ambassador: a relay that briefs a person on a "
+        "session and never enters it (seed 002, 'Ambassador'); null = inherited.",
+    )
 
     def references(self) -> list[str]:
         """Every agent reference in the spec: ``extends`` first, then the tree in pre-order."""

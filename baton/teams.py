@@ -169,11 +169,19 @@ def _public(row: TeamRow) -> TeamPublic:
 
 
 def _check_members(session: Session, team: TeamIn) -> None:
+    from baton import registry  # registry imports this module
+
     for i, member in enumerate(team.members):
         agent = session.exec(select(Agent).where(Agent.slug == member.agent_id)).first()
         if agent is None:
             raise AgentNotFound(
                 f"member '{member.agent_id}' is not an agent", path=f"members[{i}].agent_id"
+            )
+        if registry.is_ambassador(session, slug=member.agent_id):
+            # Seed 002, 'Ambassador': "Ambassadors are never team members."
+            raise InvalidTeam(
+                f"member '{member.agent_id}' is an ambassador; ambassadors are never team members",
+                path=f"members[{i}].agent_id",
             )
 
 

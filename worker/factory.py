@@ -20,11 +20,13 @@ from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.delegation import DelegationActivities
+from activities.inquiry import InquiryActivities
 from activities.session import SessionActivities
 from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.settings import DEV_REVIEW_KEY, Settings
+from workflows.inquiry import InquiryWorkflow
 from workflows.session import SessionWorkflow
 from workflows.step import AgentStepWorkflow
 
@@ -40,7 +42,7 @@ PASSTHROUGH = (
     "jsonschema",
 )
 
-WORKFLOWS = [SessionWorkflow, AgentStepWorkflow]
+WORKFLOWS = [SessionWorkflow, AgentStepWorkflow, InquiryWorkflow]
 
 
 def activities_for(
@@ -52,6 +54,7 @@ def activities_for(
     xagent = XAgentActivities(engine, client, review_key=review_key)
     delegation = DelegationActivities(engine, client)
     steps = StepActivities(engine)
+    inquiry = InquiryActivities(engine)
     return [
         acts.load_agent,
         acts.model_turn,
@@ -67,6 +70,9 @@ def activities_for(
         delegation.route_turn,
         steps.check_deliverable,
         steps.update_step,
+        inquiry.inquiry_turn,
+        inquiry.inquiry_tool,
+        inquiry.finish_inquiry,
     ]
 
 

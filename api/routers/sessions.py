@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, status
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy.engine import Engine
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
-from baton import delegations, launch, sessions, teams
+from baton import delegations, inquiries, launch, registry, sessions, teams
 from baton.auth import Role
 from baton.contracts import MAX_MESSAGE_CHARS, Provenance, TeamSnapshot
 from baton.db import session_scope
@@ -94,10 +94,22 @@ class MessageCreate(BaseModel):
         json_schema_extra={"examples": [{"prompt": "And Q4?", "sync": True}]},
     )
 
-    prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    prompt: SafeText | None = Field(default=None, min_length=1, max_length=MAX_MESSAGE_CHARS)
     sync: bool = False
+    from_draft: str | None = Field(
+        default=None,
+        pattern=r"^inquiry-[0-9a-f-]{36}$",
+        description="Send an ambassador's draft (its inquiry id) as your message; "
+        "instead of `prompt` (issue 15).",
+    )
 
     _not_blank = field_validator("prompt")(_prompt)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> MessageCreate:
+        if (self.prompt is None) == (self.from_draft is None):
+            raise ValueError("send exactly one of prompt and from_draft")
+        return self
 
 
 class SessionAccepted(BaseModel):
@@ -179,6 +191,12 @@ async def create_session(
                         path="agent",
                     )
             caller.require(s, parse_ref(ref)[0], "user")
+            if registry.is_ambassador(s, slug=parse_ref(ref)[0]):
+                raise inquiries.NotInvocable(
+                    f"'{parse_ref(ref)[0]}' is an ambassador: ask it about a session with "
+                    "POST /v1/sessions/{id}/inquiries",
+                    path="agent",
+                )
             for member in team.members if team else []:
                 caller.require(s, member.agent_id, "user")  # a team run runs every member
             return ref, team
@@ -224,11 +242,36 @@ async def send_message(
     client: TemporalDep,
     caller: CallerDep,
 ) -> SessionAccepted:
-    """Deliver a message by Update; 409 ``session_busy`` while a turn runs."""
+    """Deliver a message by Update; 409 ``session_busy`` while a turn runs.
+
+    ``from_draft`` sends the draft of one of the caller's inquiries on this session
+    as the caller's own user turn (seed 002, 'Outbound relay'): 404
+    ``inquiry_not_found``, 422 ``no_draft``, 409 ``draft_already_sent``.
+    """
     await asyncio.to_thread(_require, engine, caller, "user", session_id=session_id)
+    prompt = body.prompt or ""
+    if body.from_draft is not None:
+        draft_id = body.from_draft
+
+        def draft() -> str:
+            with session_scope(engine) as s:
+                return inquiries.take_draft(
+                    s, inquiry_id=draft_id, session_id=session_id, user=caller.user
+                )
+
+        prompt = await asyncio.to_thread(draft)
     outcome, text = await launch.send_message(
-        client, engine, session_id=session_id, prompt=body.prompt, sync=body.sync, user=caller.user
+        client, engine, session_id=session_id, prompt=prompt, sync=body.sync, user=caller.user
     )
+    if body.from_draft is not None:
+        # The reply's id when the turn was awaited; a draft is sent once either way.
+        sent_id, sent_message = body.from_draft, outcome.message_id if outcome else "sent"
+
+        def sent() -> None:
+            with session_scope(engine) as s:
+                inquiries.mark_sent(s, inquiry_id=sent_id, message_id=sent_message)
+
+        await asyncio.to_thread(sent)
 
     def row() -> sessions.SessionPublic:
         with session_scope(engine) as s:
