@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from baton.db import EventRow, MessageRow, UsageRow, make_engine
 from baton.settings import Settings
+from tests.conftest import migrated
 from tests.test_ambassador import BRIEFER_PLAYBOOK
 from worker.stack import ServicesThread, free_port
 
@@ -84,7 +85,7 @@ def stack(
     """API + worker with a short review timeout, the default ambassador, a slow team."""
     db = tmp_path_factory.mktemp("console") / "console.db"
     settings = Settings(
-        database_url=f"sqlite:///{db}",
+        database_url=migrated(f"sqlite:///{db}"),
         temporal_address=temporal_env.client.service_client.config.target_host,
         task_queue=f"tq-{uuid.uuid4()}",
         review_timeout=REVIEW_TIMEOUT,
@@ -381,7 +382,7 @@ def test_auth_mode_token_login_and_the_same_acl_as_the_api(
     a user sees and decides only what the API would let them (bob: nothing; ann: her
     review, decided as ann)."""
     settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'auth.db'}",
+        database_url=migrated(f"sqlite:///{tmp_path / 'auth.db'}"),
         temporal_address=temporal_env.client.service_client.config.target_host,
         task_queue=f"tq-{uuid.uuid4()}",
         review_timeout=30.0,
