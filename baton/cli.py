@@ -111,10 +111,40 @@ def api(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
 ) -> None:
-    """Serve the HTTP API (uvicorn)."""
-    import uvicorn
+    """Serve the HTTP API (uvicorn) until Ctrl-C / SIGTERM; the database and Temporal are
+    checked first, and a failure is one line and exit 1."""
+    from baton.settings import get_settings
+    from worker.factory import describe_target, temporal_connect_config
+    from worker.stack import run_services
 
-    uvicorn.run("api.app:create_app", factory=True, host=host, port=port)
+    with _errors():
+        settings = get_settings()
+        target = describe_target(temporal_connect_config(settings))
+    console.print(f"API on http://{host}:{port} · Temporal {target}")
+    _serve(
+        settings,
+        lambda stop: run_services(settings, stop=stop, api_host=host, api_port=port, worker=False),
+    )
+
+
+def _serve(settings: Settings, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run a long-lived service; startup failures become one line and exit 1.
+
+    An unreachable database is named by its redacted URL and the driver's first
+    line (the password never reaches the terminal); Temporal and settings errors
+    are already one-line :class:`BatonError`s.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from baton.errors import DatabaseUnavailable
+
+    with _errors():
+        try:
+            _run_until_signal(main)
+        except OperationalError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            msg = f"cannot reach the database at {settings.database_url_redacted}: {reason}"
+            raise DatabaseUnavailable(msg) from exc
 
 
 def _node_tree(parent: Tree, node: ResolvedNode) -> None:
@@ -193,7 +223,14 @@ def embedded_temporal(
             raise typer.Exit(1) from exc
     try:
         yield settings.model_copy(
-            update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
+            # The embedded server is plain and local: a user's Temporal CLI profile
+            # (TLS, API key, another namespace) must not apply to it.
+            update={
+                "temporal_address": server.address,
+                "temporal_ui_url": server.ui_url,
+                "temporal_namespace": server.namespace,
+                "temporal_env_config": False,
+            }
         )
     finally:
         server.stop()
@@ -214,16 +251,22 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 @app.command()
 def worker() -> None:
-    """Run a worker for BATON_TASK_QUEUE against BATON_TEMPORAL_ADDRESS until Ctrl-C."""
+    """Run a worker for BATON_TASK_QUEUE until Ctrl-C / SIGTERM (in-flight activities get
+    BATON_WORKER_GRACEFUL_SHUTDOWN_S to finish); startup failures are one line, exit 1."""
     from baton.settings import get_settings
+    from worker.factory import describe_target, temporal_connect_config
     from worker.stack import run_services
 
     with _errors():
         settings = get_settings()
-    console.print(
-        f"worker on task queue [bold]{settings.task_queue}[/] at {settings.temporal_address}"
+        target = describe_target(temporal_connect_config(settings))
+    versioned = (
+        f" · deployment {settings.worker_deployment} build {settings.build_id}"
+        if settings.worker_deployment
+        else ""
     )
-    _run_until_signal(lambda stop: run_services(settings, stop=stop))
+    console.print(f"worker on task queue [bold]{settings.task_queue}[/] at {target}{versioned}")
+    _serve(settings, lambda stop: run_services(settings, stop=stop))
 
 
 @app.command()
@@ -235,7 +278,7 @@ def setup() -> None:
     async def main() -> list[str]:
         settings = get_settings()
         client = await connect(settings)
-        return await ensure_search_attributes(client, settings.temporal_namespace)
+        return await ensure_search_attributes(client, client.namespace)
 
     with _errors():
         added = asyncio.run(main())
@@ -271,7 +314,7 @@ def dev(
             f"[bold green]Baton is up[/]  API http://127.0.0.1:{port}  "
             f"Temporal UI {cfg.temporal_ui_url}  (Ctrl-C to stop)"
         )
-        _run_until_signal(lambda stop: run_services(cfg, stop=stop, api_port=port))
+        _serve(cfg, lambda stop: run_services(cfg, stop=stop, api_port=port))
     lock.release()
     console.print("stopped")
 

@@ -8,6 +8,7 @@ the database URL is rendered with its password hidden in ``repr``.
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +19,14 @@ from sqlalchemy.engine import make_url
 from baton.contracts import SessionConfig
 
 DEFAULT_DATABASE_URL = "sqlite:///./.baton/baton.db"
+
+
+def _package_version() -> str:
+    """Baton's installed version (the default Worker Versioning build id)."""
+    try:
+        return version("baton")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
 
 
 class Settings(BaseSettings):
@@ -103,6 +112,43 @@ class Settings(BaseSettings):
         default=None,
         description="Default model as pydantic-ai names it (e.g. openai:gpt-4o-mini); "
         "unset = the offline scripted model.",
+    )
+    # Issue 11 (helper E): the Temporal connection, worker versioning and shutdown.
+    temporal_env_config: bool = Field(
+        default=True,
+        description="Read Temporal's client profile like the `temporal` CLI does "
+        "(TEMPORAL_CONFIG_FILE, TEMPORAL_PROFILE, TEMPORAL_ADDRESS, TEMPORAL_API_KEY, "
+        "TEMPORAL_TLS_*); an explicit BATON_TEMPORAL_ADDRESS/NAMESPACE still wins.",
+    )
+    temporal_connect_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        allow_inf_nan=False,
+        description="Seconds a connection to Temporal may take before startup fails.",
+    )
+    worker_graceful_shutdown_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a stopping worker (SIGTERM) lets in-flight activities finish "
+        "before cancelling them; keep it below the pod's terminationGracePeriodSeconds.",
+    )
+    worker_deployment: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[^\s/]+$",
+        description="Worker Versioning deployment name; set = versioned worker (needs "
+        "`temporal worker deployment set-current-version`), unset = unversioned.",
+    )
+    build_id: str = Field(
+        default_factory=lambda: _package_version(),
+        min_length=1,
+        max_length=255,
+        pattern=r"^[^\s]+$",
+        description="Worker Versioning build id of this worker (default: Baton's version).",
     )
 
     @model_validator(mode="after")

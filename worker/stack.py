@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import IO
 
@@ -22,7 +23,7 @@ import uvicorn
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import init_db, make_engine
 from baton.settings import Settings
-from worker.factory import build_worker, connect
+from worker.factory import build_worker, connect, deployment_config
 
 log = logging.getLogger("baton.stack")
 
@@ -190,14 +191,37 @@ async def run_services(
     api_host: str = "127.0.0.1",
     api_port: int | None = None,
     ready: threading.Event | None = None,
+    worker: bool = True,
 ) -> None:
-    """Run the worker (and the API when ``api_port`` is set) until ``stop`` is set."""
+    """Run the worker (unless ``worker`` is False) and the API (when ``api_port`` is set)
+    until ``stop`` is set: `baton worker`, `baton api`, `baton dev` and the tests.
+
+    Startup fails before anything serves: an unreachable database raises
+    SQLAlchemy's OperationalError, Temporal :class:`~baton.errors.EngineUnavailable`,
+    a bad profile :class:`~baton.errors.InvalidSettings`. On ``stop`` the API stops
+    first, then the worker drains in-flight activities for up to
+    ``worker_graceful_shutdown_s`` seconds (Temporal cancels what is still running).
+    """
     from api.app import create_app
 
     engine = make_engine(settings.database_url)
-    init_db(engine)
-    client = await connect(settings)
-    worker = build_worker(client, engine=engine, task_queue=settings.task_queue)
+    try:
+        init_db(engine)
+        client = await connect(settings)
+    except BaseException:
+        engine.dispose()
+        raise
+    # The namespace may come from a Temporal profile: UI links must name the real one.
+    settings = settings.model_copy(update={"temporal_namespace": client.namespace})
+    runner: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
+    if worker:
+        runner = build_worker(
+            client,
+            engine=engine,
+            task_queue=settings.task_queue,
+            graceful_shutdown=timedelta(seconds=settings.worker_graceful_shutdown_s),
+            deployment=deployment_config(settings),
+        )
     server = None
     if api_port is not None:
         config = uvicorn.Config(
@@ -205,7 +229,7 @@ async def run_services(
         )
         server = _QuietServer(config)
     try:
-        async with worker:
+        async with runner:
             task = asyncio.create_task(server.serve()) if server else None
             while server and not server.started:
                 if task and task.done():
