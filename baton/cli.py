@@ -120,7 +120,7 @@ def api(
     with _errors():
         settings = get_settings()
         target = describe_target(temporal_connect_config(settings))
-    console.print(f"API on http://{host}:{port} · Temporal {target}")
+    console.print(f"API on http://{host}:{port} · Temporal {target}", soft_wrap=True)
     _serve(
         settings,
         lambda stop: run_services(settings, stop=stop, api_host=host, api_port=port, worker=False),
@@ -265,7 +265,10 @@ def worker() -> None:
         if settings.worker_deployment
         else ""
     )
-    console.print(f"worker on task queue [bold]{settings.task_queue}[/] at {target}{versioned}")
+    console.print(
+        f"worker on task queue [bold]{settings.task_queue}[/] at {target}{versioned}",
+        soft_wrap=True,
+    )
     _serve(settings, lambda stop: run_services(settings, stop=stop))
 
 
