@@ -23,8 +23,9 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
+from baton import sessions
 from baton.contracts import Provenance
-from baton.db import init_db, make_engine
+from baton.db import init_db, make_engine, session_scope
 from baton.launch import launch_session
 from baton.settings import Settings
 from tests.conftest import serve
@@ -249,3 +250,50 @@ async def test_a_versioned_worker_runs_sessions_as_auto_upgrade(
         name,
         "build-7",
     )
+
+
+def test_baton_api_stops_on_sigterm_with_an_sse_follower_connected(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """SIGTERM ends `baton api` (exit 0, within seconds) even while an SSE stream is open."""
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    engine = make_engine(db)
+    init_db(engine)
+    sid = f"session-{uuid.uuid4()}"
+    with session_scope(engine) as s:  # a running session with nothing to say: the stream idles
+        sessions.create_session(
+            s,
+            session_id=sid,
+            agent_slug="quiet",
+            agent_version=1,
+            provenance=Provenance(),
+            name="q",
+        )
+    engine.dispose()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEMPORAL_"))}
+    env.update(BATON_DATABASE_URL=db, BATON_TEMPORAL_ADDRESS=_address(temporal_env))
+    proc = subprocess.Popen([BATON, "api", "--port", str(port)], env=env, stdout=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "API did not start"
+            time.sleep(0.2)
+        with httpx.stream("GET", f"{base}/v1/sessions/{sid}/events", timeout=30) as stream:
+            assert stream.status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            proc.wait(timeout=30)
+            took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert took < 15

@@ -176,6 +176,11 @@ class StateLock:
             self._file = None
 
 
+#: Seconds a stopping API lets open requests (SSE streams above all) finish before
+#: closing them.
+API_GRACEFUL_SHUTDOWN_S = 3
+
+
 class _QuietServer(uvicorn.Server):
     """uvicorn without its own signal handling: the stack owns Ctrl-C."""
 
@@ -225,7 +230,13 @@ async def run_services(
     server = None
     if api_port is not None:
         config = uvicorn.Config(
-            create_app(settings, temporal=client), host=api_host, port=api_port, log_level="warning"
+            create_app(settings, temporal=client),
+            host=api_host,
+            port=api_port,
+            log_level="warning",
+            # SSE streams never end on their own: without a bound, a stopping API waits
+            # for every follower to hang up. They resume on a replica with Last-Event-ID.
+            timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,
         )
         server = _QuietServer(config)
     try:
