@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -297,3 +298,24 @@ def test_baton_api_stops_on_sigterm_with_an_sse_follower_connected(
             proc.wait()
     assert proc.returncode == 0
     assert took < 15
+
+
+def test_new_settings_are_bounded_at_their_edges() -> None:
+    """Grace 0..3600 s and connect timeout (0, 300] s accepted at the bounds, refused past."""
+    from pydantic import ValidationError
+
+    assert Settings(_env_file=None, worker_graceful_shutdown_s=0).worker_graceful_shutdown_s == 0
+    assert Settings(_env_file=None, worker_graceful_shutdown_s=3600).worker_graceful_shutdown_s
+    assert Settings(_env_file=None, temporal_connect_timeout=300).temporal_connect_timeout == 300
+    for bad in (
+        {"worker_graceful_shutdown_s": -1},
+        {"worker_graceful_shutdown_s": 3601},
+        {"temporal_connect_timeout": 0},
+        {"temporal_connect_timeout": 301},
+        {"worker_deployment": ""},
+        {"worker_deployment": "has space"},
+        {"build_id": ""},
+    ):
+        with pytest.raises(ValidationError):
+            Settings(_env_file=None, **bad)
+    assert Settings(_env_file=None).build_id == version("baton")
