@@ -9,13 +9,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
 from api import ui
+from api.deps import app_temporal
 from api.problems import (
     PROBLEM_JSON,
     document_common_problems,
@@ -24,6 +30,7 @@ from api.problems import (
 )
 from api.routers import agents, inquiries, reviews, sessions, steps, teams
 from baton.db import make_engine
+from baton.errors import EngineUnavailable
 from baton.migrate import require_current
 from baton.settings import Settings, get_settings
 
@@ -50,6 +57,49 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components.pop(unused, None)
     app.openapi_schema = schema
     return schema
+
+
+#: Seconds each readiness check (database, Temporal) may take before it counts as failed.
+READY_CHECK_TIMEOUT_S = 5.0
+
+
+def _ping_database(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
+async def readiness_checks(state: Any) -> dict[str, str]:
+    """``{"database": "ok" | reason, "temporal": "ok" | reason}`` for ``/readyz``.
+
+    Both checks run concurrently, each bounded by :data:`READY_CHECK_TIMEOUT_S`; a
+    reason is one line naming the error type (URLs and keys are never included).
+    """
+
+    async def database() -> str:
+        await asyncio.wait_for(
+            asyncio.to_thread(_ping_database, state.engine), READY_CHECK_TIMEOUT_S
+        )
+        return "ok"
+
+    async def temporal() -> str:
+        client = await asyncio.wait_for(app_temporal(state), READY_CHECK_TIMEOUT_S)
+        await client.workflow_service.get_system_info(
+            GetSystemInfoRequest(), timeout=timedelta(seconds=READY_CHECK_TIMEOUT_S)
+        )
+        return "ok"
+
+    async def run(check: Callable[[], Awaitable[str]]) -> str:
+        try:
+            return await check()
+        except TimeoutError:
+            return f"no answer within {READY_CHECK_TIMEOUT_S:g} s"
+        except EngineUnavailable as exc:
+            return exc.detail
+        except Exception as exc:  # any failure is "not ready", never a 500
+            return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+    db, tp = await asyncio.gather(run(database), run(temporal))
+    return {"database": db, "temporal": tp}
 
 
 #: Largest request body accepted (bytes).
@@ -108,6 +158,33 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     def healthz() -> dict[str, str]:
         """``{"status": "ok"}`` while the process serves requests."""
         return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        summary="Readiness",
+        responses={503: {"content": {PROBLEM_JSON: {}}, "description": "Not ready"}},
+    )
+    async def readyz(request: Request) -> Response:
+        """200 ``{"status": "ready", "checks": {"database": "ok", "temporal": "ok"}}`` when
+        the database answers ``SELECT 1`` and Temporal answers ``GetSystemInfo``, each
+        within :data:`READY_CHECK_TIMEOUT_S`; else 503 problem+json ``not_ready`` whose
+        ``checks`` name what failed and why (no secrets). Unauthenticated: probes call it.
+        """
+        checks = await readiness_checks(request.app.state)
+        if all(v == "ok" for v in checks.values()):
+            return JSONResponse({"status": "ready", "checks": checks})
+        failed = "; ".join(f"{k}: {v}" for k, v in checks.items() if v != "ok")
+        return problem_response(
+            {
+                "type": "about:blank",
+                "title": "Not ready",
+                "status": 503,
+                "detail": failed,
+                "code": "not_ready",
+                "checks": checks,
+            }
+        )
 
     app.include_router(agents.router)
     app.include_router(sessions.router)

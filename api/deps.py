@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 from sqlalchemy.engine import Engine
@@ -112,26 +111,35 @@ def get_caller(
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
-async def get_temporal(request: Request, _caller: CallerDep) -> Client:
-    """The app's Temporal client, connecting on first use; 503 ``engine_unavailable`` if down.
+async def app_temporal(state: Any) -> Client:
+    """``state.temporal`` (the app's one client), connecting on first use.
 
-    Depends on the caller so that an unauthenticated request is refused (401)
-    before it can make the API open a connection to Temporal.
+    Raises :class:`~baton.errors.EngineUnavailable` (503) when Temporal cannot be
+    reached; :func:`get_temporal` and ``/readyz`` both come through here.
     """
-    state = request.app.state
     if state.temporal is None:
         async with state.temporal_lock:
             if state.temporal is None:
                 from worker.factory import connect
 
                 try:
-                    state.temporal = await asyncio.wait_for(connect(state.settings), timeout=10)
-                except Exception as exc:
-                    log.warning("Temporal unavailable: %s", exc)
-                    msg = f"cannot reach Temporal at {state.settings.temporal_address}"
-                    raise EngineUnavailable(msg) from exc
+                    # connect() bounds itself (BATON_TEMPORAL_CONNECT_TIMEOUT) and names
+                    # the target without secrets.
+                    state.temporal = await connect(state.settings)
+                except EngineUnavailable as exc:
+                    log.warning("Temporal unavailable: %s", exc.detail)
+                    raise
     client: Client = state.temporal
     return client
+
+
+async def get_temporal(request: Request, _caller: CallerDep) -> Client:
+    """The app's Temporal client, connecting on first use; 503 ``engine_unavailable`` if down.
+
+    Depends on the caller so that an unauthenticated request is refused (401)
+    before it can make the API open a connection to Temporal.
+    """
+    return await app_temporal(request.app.state)
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

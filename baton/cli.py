@@ -111,15 +111,41 @@ def api(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
 ) -> None:
-    """Serve the HTTP API (uvicorn). Refuses a database behind the code (`baton db upgrade`)."""
-    import uvicorn
-
+    """Serve the HTTP API (uvicorn) until Ctrl-C / SIGTERM; the database and Temporal are
+    checked first, and a failure is one line and exit 1."""
     from baton.settings import get_settings
+    from worker.factory import describe_target, temporal_connect_config
+    from worker.stack import run_services
 
     with _errors():
-        get_settings().review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
-        _require_schema(get_settings())
-    uvicorn.run("api.app:create_app", factory=True, host=host, port=port)
+        settings = get_settings()
+        settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
+        target = describe_target(temporal_connect_config(settings))
+    console.print(f"API on http://{host}:{port} · Temporal {target}", soft_wrap=True)
+    _serve(
+        settings,
+        lambda stop: run_services(settings, stop=stop, api_host=host, api_port=port, worker=False),
+    )
+
+
+def _serve(settings: Settings, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run a long-lived service; startup failures become one line and exit 1.
+
+    An unreachable database is named by its redacted URL and the driver's first
+    line (the password never reaches the terminal); Temporal and settings errors
+    are already one-line :class:`BatonError`s.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    from baton.errors import DatabaseUnavailable
+
+    with _errors():
+        try:
+            _run_until_signal(main)
+        except OperationalError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            msg = f"cannot reach the database at {settings.database_url_redacted}: {reason}"
+            raise DatabaseUnavailable(msg) from exc
 
 
 def _node_tree(parent: Tree, node: ResolvedNode) -> None:
@@ -198,7 +224,14 @@ def embedded_temporal(
             raise typer.Exit(1) from exc
     try:
         yield settings.model_copy(
-            update={"temporal_address": server.address, "temporal_ui_url": server.ui_url}
+            # The embedded server is plain and local: a user's Temporal CLI profile
+            # (TLS, API key, another namespace) must not apply to it.
+            update={
+                "temporal_address": server.address,
+                "temporal_ui_url": server.ui_url,
+                "temporal_namespace": server.namespace,
+                "temporal_env_config": False,
+            }
         )
     finally:
         server.stop()
@@ -219,19 +252,29 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 @app.command()
 def worker() -> None:
-    """Run a worker for BATON_TASK_QUEUE against BATON_TEMPORAL_ADDRESS until Ctrl-C."""
+    """Run a worker for BATON_TASK_QUEUE until Ctrl-C / SIGTERM (in-flight activities get
+    BATON_WORKER_GRACEFUL_SHUTDOWN_S to finish); startup failures are one line, exit 1."""
     from baton.settings import get_settings
 
     with _errors():
         settings = get_settings()
         settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
-        _require_schema(settings)
-    from worker.stack import run_services  # heavy (workflows, models): after the checks
+    # Heavy (workflows, models): after the checks, so a refusal is quick.
+    from worker.factory import describe_target, temporal_connect_config
+    from worker.stack import run_services
 
-    console.print(
-        f"worker on task queue [bold]{settings.task_queue}[/] at {settings.temporal_address}"
+    with _errors():
+        target = describe_target(temporal_connect_config(settings))
+    versioned = (
+        f" · deployment {settings.worker_deployment} build {settings.build_id}"
+        if settings.worker_deployment
+        else ""
     )
-    _run_until_signal(lambda stop: run_services(settings, stop=stop))
+    console.print(
+        f"worker on task queue [bold]{settings.task_queue}[/] at {target}{versioned}",
+        soft_wrap=True,
+    )
+    _serve(settings, lambda stop: run_services(settings, stop=stop))
 
 
 @app.command()
@@ -243,7 +286,7 @@ def setup() -> None:
     async def main() -> list[str]:
         settings = get_settings()
         client = await connect(settings)
-        return await ensure_search_attributes(client, settings.temporal_namespace)
+        return await ensure_search_attributes(client, client.namespace)
 
     with _errors():
         added = asyncio.run(main())
@@ -254,18 +297,6 @@ def setup() -> None:
 
 db_app = typer.Typer(help="The database schema: Alembic migrations (see deploy/README.md).")
 app.add_typer(db_app, name="db")
-
-
-def _require_schema(settings: Settings) -> None:
-    """Raise SchemaOutOfDate (one line via ``_errors``) when the database is behind the code."""
-    from baton.db import make_engine
-    from baton.migrate import require_current
-
-    engine = make_engine(settings.database_url)
-    try:
-        require_current(engine)
-    finally:
-        engine.dispose()
 
 
 def _upgrade(settings: Settings, *, revision: str = "head", quiet: bool = False) -> None:
@@ -391,7 +422,7 @@ def dev(
             f"Console http://127.0.0.1:{port}/ui  "
             f"Temporal UI {cfg.temporal_ui_url}  (Ctrl-C to stop)"
         )
-        _run_until_signal(lambda stop: run_services(cfg, stop=stop, api_port=port))
+        _serve(cfg, lambda stop: run_services(cfg, stop=stop, api_port=port))
     lock.release()
     console.print("stopped")
 

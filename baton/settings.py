@@ -8,6 +8,7 @@ the database URL is rendered with its password hidden in ``repr``.
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +27,14 @@ MIN_REVIEW_SECRET = 32
 #: proof made with it only tells a decision that came through the API from one typed at
 #: the Temporal CLI; it authenticates nobody (outside auth mode nobody is authenticated).
 DEV_REVIEW_KEY = b"baton review proofs: public development key, set BATON_REVIEW_SECRET"
+
+
+def _package_version() -> str:
+    """Baton's installed version (the default Worker Versioning build id)."""
+    try:
+        return version("baton")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
 
 
 class Settings(BaseSettings):
@@ -120,14 +129,43 @@ class Settings(BaseSettings):
         f"{MIN_REVIEW_SECRET} characters, the same on every API replica and worker; "
         "required with BATON_AUTH=on.",
     )
-    # Issue 11: named by deploy/ (terminationGracePeriodSeconds, stop_grace_period); the
-    # worker's SIGTERM drain that reads it is helper E's item (same name and default).
+    # Issue 11 (helper E): the Temporal connection, worker versioning and shutdown.
+    temporal_env_config: bool = Field(
+        default=True,
+        description="Read Temporal's client profile like the `temporal` CLI does "
+        "(TEMPORAL_CONFIG_FILE, TEMPORAL_PROFILE, TEMPORAL_ADDRESS, TEMPORAL_API_KEY, "
+        "TEMPORAL_TLS_*); an explicit BATON_TEMPORAL_ADDRESS/NAMESPACE still wins.",
+    )
+    temporal_connect_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        allow_inf_nan=False,
+        description="Seconds a connection to Temporal may take before startup fails.",
+    )
+    # Issue 11: the worker's SIGTERM drain (deploy/ names it: terminationGracePeriodSeconds).
     worker_graceful_shutdown_s: float = Field(
         default=30.0,
         ge=0,
         le=3600,
         allow_inf_nan=False,
-        description="Seconds a worker given SIGTERM lets in-flight activities finish.",
+        description="Seconds a stopping worker (SIGTERM) lets in-flight activities finish "
+        "before cancelling them; keep it below the pod's terminationGracePeriodSeconds.",
+    )
+    worker_deployment: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[^\s/]+$",
+        description="Worker Versioning deployment name; set = versioned worker (needs "
+        "`temporal worker deployment set-current-version`), unset = unversioned.",
+    )
+    build_id: str = Field(
+        default_factory=lambda: _package_version(),
+        min_length=1,
+        max_length=255,
+        pattern=r"^[^\s]+$",
+        description="Worker Versioning build id of this worker (default: Baton's version).",
     )
     # Issue 10 item 10: how soon a lost worker's work resumes elsewhere (SessionConfig).
     heartbeat_timeout: float = Field(

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -15,8 +17,11 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Interceptor, Worker
+from temporalio.envconfig import ClientConfigProfile, ClientConnectConfig
+from temporalio.service import TLSConfig
+from temporalio.worker import Interceptor, Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.delegation import DelegationActivities
@@ -25,6 +30,7 @@ from activities.session import SessionActivities
 from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
 from baton.contracts import SEARCH_ATTRIBUTES
+from baton.errors import EngineUnavailable, InvalidSettings
 from baton.settings import DEV_REVIEW_KEY, Settings
 from workflows.inquiry import InquiryWorkflow
 from workflows.session import SessionWorkflow
@@ -76,12 +82,114 @@ def activities_for(
     ]
 
 
+def temporal_connect_config(settings: Settings) -> ClientConnectConfig:
+    """The keyword arguments for ``Client.connect``: Temporal's profile, then ``BATON_*``.
+
+    The profile comes from ``temporalio.envconfig`` exactly as the ``temporal`` CLI
+    reads it: the TOML file at ``TEMPORAL_CONFIG_FILE`` (default
+    ``~/.config/temporalio/temporal.toml``), profile ``TEMPORAL_PROFILE`` (default
+    ``default``), overridden by ``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``,
+    ``TEMPORAL_API_KEY``, ``TEMPORAL_TLS_*``. Then an *explicitly set*
+    ``BATON_TEMPORAL_ADDRESS`` / ``BATON_TEMPORAL_NAMESPACE`` wins; their defaults
+    (``localhost:7233``, ``default``) only fill what the profile leaves unset, so a
+    default never masks a profile. ``BATON_TEMPORAL_ENV_CONFIG=false`` (and
+    ``baton dev``, which runs its own plain server) ignores the profile entirely.
+
+    The result holds secrets (API key, key bytes): pass it to ``Client.connect``,
+    never log it (:func:`describe_target` is the loggable form). Raises
+    :class:`~baton.errors.InvalidSettings` when the profile cannot be loaded (a
+    named profile missing, a malformed file, an unreadable certificate file).
+    """
+    config: ClientConnectConfig = {}
+    if settings.temporal_env_config:
+        try:
+            config = ClientConfigProfile.load().to_client_connect_config()
+        except (OSError, RuntimeError, ValueError) as exc:
+            # The bridge raises its own ConfigError (a RuntimeError); a certificate
+            # path that cannot be read is an OSError.
+            msg = f"Temporal client profile: {exc}"
+            raise InvalidSettings(msg) from exc
+    explicit = settings.model_fields_set
+    if "temporal_address" in explicit or "target_host" not in config:
+        config["target_host"] = settings.temporal_address
+    if "temporal_namespace" in explicit or "namespace" not in config:
+        config["namespace"] = settings.temporal_namespace
+    return config
+
+
+def describe_target(config: ClientConnectConfig) -> str:
+    """``host:port (namespace N, TLS|mTLS, API key)`` for logs and errors; never a secret."""
+    tls = config.get("tls", False)
+    extras = [f"namespace {config.get('namespace', 'default')}"]
+    if isinstance(tls, TLSConfig):
+        extras.append("mTLS" if tls.client_cert else "TLS")
+    elif tls:
+        extras.append("TLS")
+    if config.get("api_key"):
+        extras.append("API key")
+    return f"{config.get('target_host', '?')} ({', '.join(extras)})"
+
+
 async def connect(settings: Settings) -> Client:
-    """A Temporal client for ``settings`` with the pydantic data converter."""
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
+    """The one way Baton connects to Temporal (worker, API, CLI, `baton setup`, `baton dev`).
+
+    Options from :func:`temporal_connect_config`, the pydantic data converter, and
+    the whole connect bounded by ``BATON_TEMPORAL_CONNECT_TIMEOUT`` seconds, so an
+    address that swallows packets fails instead of hanging. Raises
+    :class:`~baton.errors.EngineUnavailable` (503 ``engine_unavailable``) naming the
+    target and the reason on one line (refused, DNS, TLS handshake, bad
+    certificate, timeout); :class:`~baton.errors.InvalidSettings` for a bad profile.
+    """
+    config = temporal_connect_config(settings)
+    target = describe_target(config)
+    timeout = settings.temporal_connect_timeout
+    try:
+        return await asyncio.wait_for(
+            Client.connect(**config, data_converter=pydantic_data_converter), timeout=timeout
+        )
+    except TimeoutError as exc:
+        msg = f"cannot reach Temporal at {target}: no answer within {timeout:g} s"
+        raise EngineUnavailable(msg) from exc
+    except (RuntimeError, OSError, ValueError) as exc:
+        # The bridge reports transport, DNS and TLS failures as RuntimeError.
+        reason = " ".join(str(exc).split())
+        msg = f"cannot reach Temporal at {target}: {reason}"
+        raise EngineUnavailable(msg) from exc
+
+
+#: How each workflow type follows new builds under Worker Versioning. Both AUTO_UPGRADE:
+#: a session lives for days and hands its history across continue-as-new, and a step may
+#: wait a day for its handoff (``handoff_timeout_s``) with no overall bound unless
+#: ``timeout_s`` is set, so PINNED would keep old builds running for as long. Every
+#: command change is gated by ``workflow.patched`` and proven by the replay suite
+#: (tests/test_replay.py over tests/histories/), which is what makes upgrading safe.
+#: Set as the worker's default rather than on ``@workflow.defn``: the server refuses a
+#: per-workflow behaviour from an unversioned worker ("versioning behavior cannot be
+#: specified without deployment options"), and unversioned must keep working.
+VERSIONING_BEHAVIOR = {
+    SessionWorkflow: VersioningBehavior.AUTO_UPGRADE,
+    AgentStepWorkflow: VersioningBehavior.AUTO_UPGRADE,
+}
+
+
+def deployment_config(settings: Settings) -> WorkerDeploymentConfig | None:
+    """Worker Versioning for this worker, or None (unversioned) when no deployment is set.
+
+    Opt-in (``BATON_WORKER_DEPLOYMENT``): a versioned worker receives tasks only once
+    its version is current (``temporal worker deployment set-current-version``), which
+    `baton dev` and an unversioned install must not need. The version is
+    ``BATON_WORKER_DEPLOYMENT`` + ``BATON_BUILD_ID``; the default behaviour is the one
+    :data:`VERSIONING_BEHAVIOR` gives every workflow (AUTO_UPGRADE).
+    """
+    if not settings.worker_deployment:
+        return None
+    (behavior,) = set(VERSIONING_BEHAVIOR.values())  # one default serves all workflows
+    return WorkerDeploymentConfig(
+        version=WorkerDeploymentVersion(
+            deployment_name=settings.worker_deployment, build_id=settings.build_id
+        ),
+        use_worker_versioning=True,
+        default_versioning_behavior=behavior,
     )
 
 
@@ -94,13 +202,18 @@ def build_worker(
     activity_threads: int = 64,
     interceptors: Sequence[Interceptor] = (),
     review_key: bytes = DEV_REVIEW_KEY,
+    graceful_shutdown: timedelta = timedelta(),
+    deployment: WorkerDeploymentConfig | None = None,
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough.
 
     ``interceptors`` are added to the worker's (the fault tests use one to kill the
     process at an exact point). ``review_key`` must be the API's
     (``Settings.review_key()``, as run_services passes it): with another key every
-    API decision is recorded as unverified.
+    API decision is recorded as unverified. ``graceful_shutdown``: how long a
+    shutdown (SIGTERM) lets in-flight activities finish before cancelling them
+    (``BATON_WORKER_GRACEFUL_SHUTDOWN_S``). ``deployment``: Worker Versioning
+    (:func:`deployment_config`), None = unversioned.
     """
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
     warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
@@ -114,6 +227,8 @@ def build_worker(
         activity_executor=ThreadPoolExecutor(max_workers=activity_threads),
         max_concurrent_activities=max_concurrent_activities,
         interceptors=interceptors,
+        graceful_shutdown_timeout=graceful_shutdown,
+        deployment_config=deployment,
         workflow_runner=SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)
         ),

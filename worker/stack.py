@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import IO
 
@@ -23,7 +24,7 @@ from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import make_engine
 from baton.migrate import require_current
 from baton.settings import Settings
-from worker.factory import build_worker, connect
+from worker.factory import build_worker, connect, deployment_config
 
 log = logging.getLogger("baton.stack")
 
@@ -176,6 +177,11 @@ class StateLock:
             self._file = None
 
 
+#: Seconds a stopping API lets open requests (SSE streams above all) finish before
+#: closing them.
+API_GRACEFUL_SHUTDOWN_S = 3
+
+
 class _QuietServer(uvicorn.Server):
     """uvicorn without its own signal handling: the stack owns Ctrl-C."""
 
@@ -191,25 +197,53 @@ async def run_services(
     api_host: str = "127.0.0.1",
     api_port: int | None = None,
     ready: threading.Event | None = None,
+    worker: bool = True,
 ) -> None:
-    """Run the worker (and the API when ``api_port`` is set) until ``stop`` is set."""
+    """Run the worker (unless ``worker`` is False) and the API (when ``api_port`` is set)
+    until ``stop`` is set: `baton worker`, `baton api`, `baton dev` and the tests.
+
+    Startup fails before anything serves: an unreachable database raises
+    SQLAlchemy's OperationalError, Temporal :class:`~baton.errors.EngineUnavailable`,
+    a bad profile :class:`~baton.errors.InvalidSettings`. On ``stop`` the API stops
+    first, then the worker drains in-flight activities for up to
+    ``worker_graceful_shutdown_s`` seconds (Temporal cancels what is still running).
+    """
     from api.app import create_app
 
     review_key = settings.review_key()  # before any connection: a bad secret stops the start
     engine = make_engine(settings.database_url)
-    require_current(engine)  # refuse a database behind the code (issue 11)
-    client = await connect(settings)
-    worker = build_worker(
-        client, engine=engine, task_queue=settings.task_queue, review_key=review_key
-    )
+    try:
+        require_current(engine)  # refuse a database behind the code (issue 11)
+        client = await connect(settings)
+    except BaseException:
+        engine.dispose()
+        raise
+    # The namespace may come from a Temporal profile: UI links must name the real one.
+    settings = settings.model_copy(update={"temporal_namespace": client.namespace})
+    runner: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
+    if worker:
+        runner = build_worker(
+            client,
+            engine=engine,
+            task_queue=settings.task_queue,
+            review_key=review_key,
+            graceful_shutdown=timedelta(seconds=settings.worker_graceful_shutdown_s),
+            deployment=deployment_config(settings),
+        )
     server = None
     if api_port is not None:
         config = uvicorn.Config(
-            create_app(settings, temporal=client), host=api_host, port=api_port, log_level="warning"
+            create_app(settings, temporal=client),
+            host=api_host,
+            port=api_port,
+            log_level="warning",
+            # SSE streams never end on their own: without a bound, a stopping API waits
+            # for every follower to hang up. They resume on a replica with Last-Event-ID.
+            timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,
         )
         server = _QuietServer(config)
     try:
-        async with worker:
+        async with runner:
             task = asyncio.create_task(server.serve()) if server else None
             while server and not server.started:
                 if task and task.done():

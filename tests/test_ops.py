@@ -1,0 +1,321 @@
+"""Operations: `/readyz` (database + Temporal), the worker's graceful drain on SIGTERM,
+and Worker Versioning on the dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import Engine
+from temporalio.api.enums.v1 import EventType, VersioningBehavior
+from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from api.app import create_app
+from baton import sessions
+from baton.contracts import Provenance
+from baton.db import init_db, make_engine, session_scope
+from baton.launch import launch_session
+from baton.settings import Settings
+from tests.conftest import serve
+from tests.forwarder import Forwarder
+from tests.helpers import TEST_CONFIG, publish
+from worker.factory import build_worker, deployment_config
+from worker.stack import ServicesThread, free_port
+
+BATON = str(Path(sys.executable).parent / "baton")
+
+
+def _address(env: WorkflowEnvironment) -> str:
+    return env.client.service_client.config.target_host
+
+
+@pytest.fixture
+def api_at() -> Iterator[Callable[[Settings], httpx.Client]]:
+    """A factory: the real API (uvicorn) for given settings, no shared client; closed after."""
+    servers = []
+
+    def start(settings: Settings) -> httpx.Client:
+        server, thread, base = serve(create_app(settings))
+        servers.append((server, thread))
+        return httpx.Client(base_url=base, timeout=30)
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_readyz_is_ok_when_database_and_temporal_answer(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """/readyz: 200 with both checks ok on a running stack (beside /healthz)."""
+    settings = Settings(
+        _env_file=None,
+        database_url=f"sqlite:///{tmp_path / 'r.db'}",
+        temporal_address=_address(temporal_env),
+        task_queue=f"tq-{uuid.uuid4()}",
+    )
+    services = ServicesThread(settings, api_port=free_port())
+    services.start()
+    try:
+        resp = httpx.get(f"{services.api_url}/readyz", timeout=30)
+    finally:
+        services.stop()
+    assert resp.status_code == 200
+    assert resp.json() == {"status": "ready", "checks": {"database": "ok", "temporal": "ok"}}
+
+
+def test_readyz_names_temporal_when_it_is_down(
+    api_at: Callable[[Settings], httpx.Client], tmp_path: Path
+) -> None:
+    """Temporal unreachable: 503 problem+json `not_ready`, temporal named, database ok."""
+    closed = f"127.0.0.1:{free_port()}"
+    settings = Settings(
+        _env_file=None,
+        database_url=f"sqlite:///{tmp_path / 'r.db'}",
+        temporal_address=closed,
+        temporal_env_config=False,
+    )
+    with api_at(settings) as http:
+        resp = http.get("/readyz")
+        assert http.get("/healthz").status_code == 200
+    assert resp.status_code == 503
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    body = resp.json()
+    assert body["code"] == "not_ready" and body["checks"]["database"] == "ok"
+    assert body["checks"]["temporal"].startswith(f"cannot reach Temporal at {closed}")
+    assert body["detail"].startswith("temporal: cannot reach Temporal")
+
+
+def test_readyz_names_the_database_when_it_goes_away(
+    api_at: Callable[[Settings], httpx.Client], pg_url: str, temporal_env: WorkflowEnvironment
+) -> None:
+    """PostgreSQL reachable, then cut: 200, then 503 naming the database (Temporal still ok)."""
+    host = pg_url.split("@", 1)[1].split("/", 1)[0]
+    cable = Forwarder(host).start()
+    settings = Settings(
+        _env_file=None,
+        database_url=pg_url.replace(host, cable.address),
+        temporal_address=_address(temporal_env),
+    )
+    http = api_at(settings)
+    try:
+        assert http.get("/readyz").status_code == 200
+        cable.stop()
+        resp = http.get("/readyz")
+    finally:
+        http.close()
+    assert resp.status_code == 503
+    checks = resp.json()["checks"]
+    assert checks["temporal"] == "ok" and checks["database"].startswith("OperationalError")
+    assert "postgresql" not in checks["database"]
+
+
+# --- graceful drain ------------------------------------------------------------
+
+
+async def _wait_turn_started(client: Client, session_id: str, timeout: float = 60) -> None:
+    """Until the session's model_turn activity is running on a worker."""
+    deadline = time.monotonic() + timeout
+    handle = client.get_workflow_handle(session_id)
+    while time.monotonic() < deadline:
+        desc = await handle.describe()
+        if any(
+            a.activity_type.name == "model_turn" and a.last_started_time.seconds
+            for a in desc.raw_description.pending_activities
+        ):
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail("the turn never started")
+
+
+@pytest.mark.parametrize(("grace_s", "drained"), [(30, True), (1, False)])
+async def test_sigterm_drains_in_flight_activities_within_the_grace_period(
+    grace_s: int, drained: bool, temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """SIGTERM lets a 4 s turn finish under a 30 s grace; a 1 s grace cuts it (exit 0 both)."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    queue = f"tq-{uuid.uuid4()}"
+    engine = make_engine(db)
+    init_db(engine)
+    publish(engine, "slow", playbook=[{"reply": "w " * 40, "chunk_delay_ms": 100}])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEMPORAL_"))}
+    env.update(
+        BATON_DATABASE_URL=db,
+        BATON_TASK_QUEUE=queue,
+        BATON_TEMPORAL_ADDRESS=_address(temporal_env),
+        BATON_WORKER_GRACEFUL_SHUTDOWN_S=str(grace_s),
+    )
+    proc = subprocess.Popen([BATON, "worker"], env=env, stdout=subprocess.PIPE, text=True)
+    client = temporal_env.client
+    try:
+        launched = await launch_session(
+            client,
+            engine,
+            task_queue=queue,
+            config=TEST_CONFIG,
+            ref="slow",
+            prompt="go",
+            provenance=Provenance(),
+            sync=False,
+        )
+        await _wait_turn_started(client, launched.session_id)
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        engine.dispose()
+    assert proc.returncode == 0
+    assert took < grace_s + 10
+    history = await client.get_workflow_handle(launched.session_id).fetch_history()
+    completed = [
+        e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+    ]
+    # load_agent (when not pinned in the input) may complete too: only model_turn matters.
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    }
+    turns_done = [
+        e
+        for e in completed
+        if scheduled[e.activity_task_completed_event_attributes.scheduled_event_id] == "model_turn"
+    ]
+    assert bool(turns_done) is drained
+    await client.get_workflow_handle(launched.session_id).terminate("test over")
+
+
+# --- worker versioning ---------------------------------------------------------
+
+
+async def test_a_versioned_worker_runs_sessions_as_auto_upgrade(
+    temporal_env: WorkflowEnvironment, db_engine: Engine
+) -> None:
+    """BATON_WORKER_DEPLOYMENT set: the worker registers deployment+build; sessions auto-upgrade."""
+    name = f"baton-test-{uuid.uuid4().hex[:8]}"
+    settings = Settings(_env_file=None, worker_deployment=name, build_id="build-7")
+    config = deployment_config(settings)
+    assert config is not None and config.version.build_id == "build-7"
+    assert deployment_config(Settings(_env_file=None)) is None
+    client = temporal_env.client
+    publish(db_engine, "versioned", playbook=[{"reply": "pinned? no, upgrading"}])
+    queue = f"tq-{uuid.uuid4()}"
+    worker = build_worker(client, engine=db_engine, task_queue=queue, deployment=config)
+    async with worker:
+        # The version exists once the worker has polled; then an operator makes it current.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await client.workflow_service.set_worker_deployment_current_version(
+                    SetWorkerDeploymentCurrentVersionRequest(
+                        namespace=client.namespace, deployment_name=name, build_id="build-7"
+                    )
+                )
+                break
+            except RPCError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        launched = await launch_session(
+            client,
+            db_engine,
+            task_queue=queue,
+            config=TEST_CONFIG,
+            ref="versioned",
+            prompt="hi",
+            provenance=Provenance(),
+            sync=True,
+        )
+    assert launched.response == "pinned? no, upgrading"
+    desc = await client.get_workflow_handle(launched.session_id).describe()
+    info = desc.raw_description.workflow_execution_info.versioning_info
+    assert info.behavior == VersioningBehavior.VERSIONING_BEHAVIOR_AUTO_UPGRADE
+    assert (info.deployment_version.deployment_name, info.deployment_version.build_id) == (
+        name,
+        "build-7",
+    )
+
+
+def test_baton_api_stops_on_sigterm_with_an_sse_follower_connected(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """SIGTERM ends `baton api` (exit 0, within seconds) even while an SSE stream is open."""
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    engine = make_engine(db)
+    init_db(engine)
+    sid = f"session-{uuid.uuid4()}"
+    with session_scope(engine) as s:  # a running session with nothing to say: the stream idles
+        sessions.create_session(
+            s,
+            session_id=sid,
+            agent_slug="quiet",
+            agent_version=1,
+            provenance=Provenance(),
+            name="q",
+        )
+    engine.dispose()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEMPORAL_"))}
+    env.update(BATON_DATABASE_URL=db, BATON_TEMPORAL_ADDRESS=_address(temporal_env))
+    proc = subprocess.Popen([BATON, "api", "--port", str(port)], env=env, stdout=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "API did not start"
+            time.sleep(0.2)
+        with httpx.stream("GET", f"{base}/v1/sessions/{sid}/events", timeout=30) as stream:
+            assert stream.status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            proc.wait(timeout=30)
+            took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert took < 15
+
+
+def test_new_settings_are_bounded_at_their_edges() -> None:
+    """Grace 0..3600 s and connect timeout (0, 300] s accepted at the bounds, refused past."""
+    from pydantic import ValidationError
+
+    assert Settings(_env_file=None, worker_graceful_shutdown_s=0).worker_graceful_shutdown_s == 0
+    assert Settings(_env_file=None, worker_graceful_shutdown_s=3600).worker_graceful_shutdown_s
+    assert Settings(_env_file=None, temporal_connect_timeout=300).temporal_connect_timeout == 300
+    for bad in (
+        {"worker_graceful_shutdown_s": -1},
+        {"worker_graceful_shutdown_s": 3601},
+        {"temporal_connect_timeout": 0},
+        {"temporal_connect_timeout": 301},
+        {"worker_deployment": ""},
+        {"worker_deployment": "has space"},
+        {"build_id": ""},
+    ):
+        with pytest.raises(ValidationError):
+            Settings(_env_file=None, **bad)
+    assert Settings(_env_file=None).build_id == version("baton")
