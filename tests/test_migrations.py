@@ -313,12 +313,15 @@ def wait_until(check: Callable[[], bool], timeout: float = 30) -> None:
     pytest.fail("timed out")
 
 
-def test_api_starts_on_a_migrated_database(tmp_path: Path) -> None:
+def test_api_starts_on_a_migrated_database(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
     """After `baton db upgrade`, `baton api` starts and answers /healthz (the refusal can pass)."""
     db_url = f"sqlite:///{tmp_path / 'ok.db'}"
     assert baton(db_url, "db", "upgrade").returncode == 0
     port = free_port()
-    env = {**os.environ, "BATON_DATABASE_URL": db_url}
+    address = temporal_env.client.service_client.config.target_host
+    env = {**os.environ, "BATON_DATABASE_URL": db_url, "BATON_TEMPORAL_ADDRESS": address}
     proc = subprocess.Popen(
         [*BATON, "api", "--port", str(port)],
         cwd=ROOT,

@@ -29,7 +29,7 @@ from baton.contracts import Provenance
 from baton.db import init_db, make_engine, session_scope
 from baton.launch import launch_session
 from baton.settings import Settings
-from tests.conftest import serve
+from tests.conftest import migrated, serve
 from tests.forwarder import Forwarder
 from tests.helpers import TEST_CONFIG, publish
 from worker.factory import build_worker, deployment_config
@@ -64,7 +64,7 @@ def test_readyz_is_ok_when_database_and_temporal_answer(
     """/readyz: 200 with both checks ok on a running stack (beside /healthz)."""
     settings = Settings(
         _env_file=None,
-        database_url=f"sqlite:///{tmp_path / 'r.db'}",
+        database_url=migrated(f"sqlite:///{tmp_path / 'r.db'}"),
         temporal_address=_address(temporal_env),
         task_queue=f"tq-{uuid.uuid4()}",
     )
@@ -85,7 +85,7 @@ def test_readyz_names_temporal_when_it_is_down(
     closed = f"127.0.0.1:{free_port()}"
     settings = Settings(
         _env_file=None,
-        database_url=f"sqlite:///{tmp_path / 'r.db'}",
+        database_url=migrated(f"sqlite:///{tmp_path / 'r.db'}"),
         temporal_address=closed,
         temporal_env_config=False,
     )
@@ -104,7 +104,7 @@ def test_readyz_names_the_database_when_it_goes_away(
     api_at: Callable[[Settings], httpx.Client], pg_url: str, temporal_env: WorkflowEnvironment
 ) -> None:
     """PostgreSQL reachable, then cut: 200, then 503 naming the database (Temporal still ok)."""
-    host = pg_url.split("@", 1)[1].split("/", 1)[0]
+    host = migrated(pg_url).split("@", 1)[1].split("/", 1)[0]
     cable = Forwarder(host).start()
     settings = Settings(
         _env_file=None,

@@ -28,6 +28,7 @@ from baton.db import init_db, make_engine
 from baton.errors import EngineUnavailable, InvalidSettings
 from baton.launch import launch_session
 from baton.settings import Settings
+from tests.conftest import migrated
 from tests.forwarder import Forwarder
 from tests.helpers import TEST_CONFIG, publish
 from worker.factory import connect, describe_target, temporal_connect_config
@@ -242,7 +243,7 @@ def test_a_wrong_ca_is_one_line_and_exit_1(
     config.write_text(profile_toml(tls_front.address, pki, ca=pki.wrong_ca_file))
     env = _clean_env(
         TEMPORAL_CONFIG_FILE=str(config),
-        BATON_DATABASE_URL=f"sqlite:///{tmp_path / 'b.db'}",
+        BATON_DATABASE_URL=migrated(f"sqlite:///{tmp_path / 'b.db'}"),
         BATON_TEMPORAL_CONNECT_TIMEOUT="15",
     )
     cmd = [command] if command == "worker" else [command, "--port", str(free_port())]
@@ -262,7 +263,7 @@ def test_a_silent_address_times_out_instead_of_hanging(tmp_path: Path) -> None:
         env = _clean_env(
             BATON_TEMPORAL_ADDRESS=address,
             BATON_TEMPORAL_CONNECT_TIMEOUT="2",
-            BATON_DATABASE_URL=f"sqlite:///{tmp_path / 'b.db'}",
+            BATON_DATABASE_URL=migrated(f"sqlite:///{tmp_path / 'b.db'}"),
         )
         started = time.monotonic()
         line = _one_line_error(_run_service(["worker"], env, timeout=30))
@@ -276,7 +277,7 @@ def test_a_refused_temporal_address_is_one_line_for_baton_api(tmp_path: Path) ->
     """`baton api` with nothing listening on the Temporal port: one line, exit 1, no serving."""
     closed = f"127.0.0.1:{free_port()}"
     env = _clean_env(
-        BATON_TEMPORAL_ADDRESS=closed, BATON_DATABASE_URL=f"sqlite:///{tmp_path / 'b.db'}"
+        BATON_TEMPORAL_ADDRESS=closed, BATON_DATABASE_URL=migrated(f"sqlite:///{tmp_path / 'b.db'}")
     )
     line = _one_line_error(_run_service(["api", "--port", str(free_port())], env))
     assert f"cannot reach Temporal at {closed} (namespace default): " in line
