@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
+from api.mcp import MountedMCP
 from api.problems import PROBLEM_JSON, install_problem_handlers, problem_response
 from api.routers import agents, reviews, sessions, steps, teams
 from baton.db import init_db, make_engine
@@ -64,10 +65,12 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
         app.state.temporal = temporal
         app.state.temporal_lock = asyncio.Lock()
         try:
-            yield
+            async with mcp.running():  # issue 13: the `agents` MCP server's sessions
+                yield
         finally:
             engine.dispose()
 
+    mcp = MountedMCP()
     app = FastAPI(
         title="Baton",
         version="0.1.0",
@@ -106,5 +109,6 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     app.include_router(teams.router)
     app.include_router(steps.router)
     app.include_router(steps.usage_router)
+    app.router.routes.append(mcp.route)  # /mcp: the `agents` MCP server (issue 13)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

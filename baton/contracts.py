@@ -148,6 +148,11 @@ class Provenance(BaseModel):
     run_limits: ResolvedLimits | None = Field(
         default=None, description="Limits of the run (the root agent's), carried down."
     )
+    external: bool = Field(
+        default=False,
+        description="Issue 13: an external session, whose turns an outside process takes "
+        "(over MCP); no model turn runs in it.",
+    )
 
 
 class SessionConfig(BaseModel):
@@ -807,3 +812,55 @@ class DeliverableResult(BaseModel):
     ok: bool
     deliverable: Any = None
     errors: list[str] = Field(default_factory=list)
+
+
+# --- Agents outside Baton: external sessions over MCP (issue 13, DESIGN §11) ----------
+
+#: Update names on SessionWorkflow (stable once shipped).
+EXTERNAL_TOOL_CALL = "external_tool_call"
+EXTERNAL_MESSAGE = "external_message"
+#: ApplicationError type: send_message on an external session (no model turn runs there).
+SESSION_EXTERNAL = "session_external"
+#: ApplicationError type: an external Update on a session that is not external.
+NOT_EXTERNAL = "not_external"
+#: ApplicationError type: an external tool call naming anything but the five X-Agent tools.
+UNKNOWN_TOOL = "unknown_tool"
+
+
+class ExternalToolCall(BaseModel):
+    """Update ``external_tool_call``: one X-Agent tool call an external process made over
+    MCP, run by the session's workflow exactly as a model's tool call (DESIGN §5).
+
+    ``call_id`` is the MCP layer's idempotency key (also the Update id's suffix); the
+    workflow chooses where the result is stored. ``args`` are validated by the workflow
+    with the same argument models as a model's call (``XAGENT_ARGS``).
+    """
+
+    call_id: str = Field(min_length=1, max_length=120)
+    name: str = Field(max_length=64)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExternalMessage(BaseModel):
+    """Update ``external_message``: a message the external process posts to its own
+    transcript (``assistant``: what it did, for get_agent_session_transcript readers)."""
+
+    role: Literal["user", "assistant"] = "assistant"
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class ExternalMessageInput(BaseModel):
+    """``record_external_message`` activity input: the id and position the workflow chose."""
+
+    session_id: str
+    agent_slug: str
+    message_id: str
+    position: str
+    role: Literal["user", "assistant"]
+    text: str
+
+
+class ExternalMessageOutcome(BaseModel):
+    """``external_message`` result: the stored message's id."""
+
+    message_id: str

@@ -20,6 +20,7 @@ from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.delegation import DelegationActivities
+from activities.external import ExternalActivities
 from activities.session import SessionActivities
 from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
@@ -49,6 +50,7 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
     xagent = XAgentActivities(engine, client)
     delegation = DelegationActivities(engine, client)
     steps = StepActivities(engine)
+    external = ExternalActivities(engine)  # issue 13: external sessions
     return [
         acts.load_agent,
         acts.model_turn,
@@ -64,6 +66,7 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
         delegation.route_turn,
         steps.check_deliverable,
         steps.update_step,
+        external.record_external_message,
     ]
 
 

@@ -8,18 +8,31 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, status
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy.engine import Engine
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from temporalio.client import Client
 
-from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.deps import (
+    Caller,
+    CallerDep,
+    EngineDep,
+    SessionDep,
+    SettingsDep,
+    TemporalDep,
+    get_caller,
+    get_temporal,
+)
+from api.mcp import MCP_PATH
 from api.problems import problem_responses
-from baton import delegations, launch, sessions, teams
-from baton.auth import Role
+from baton import delegations, external, launch, sessions, teams
+from baton.auth import Forbidden, Role, Unauthorized
 from baton.contracts import MAX_MESSAGE_CHARS, Provenance, TeamSnapshot
 from baton.db import session_scope
 from baton.errors import BatonError
+from baton.external import ExternalIdentity
 from baton.schemas import MAX_OFFSET, Page
+from baton.settings import Settings
 from baton.spec import REF_PATTERN, SafeText, parse_ref
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -66,7 +79,12 @@ class SessionCreate(BaseModel):
     agent: str | None = Field(
         default=None, pattern=REF_PATTERN, description="`slug` (live) or `slug@version`."
     )
-    prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    prompt: SafeText | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGE_CHARS,
+        description="The first message (required unless `external`).",
+    )
     sync: bool = Field(default=False, description="Wait for the final reply.")
     name: SafeText | None = Field(default=None, max_length=200)
     team: str | None = Field(
@@ -81,7 +99,24 @@ class SessionCreate(BaseModel):
         default=False, description="Solo: no ad-hoc delegation (ignored for team runs)."
     )
 
+    external: bool = Field(
+        default=False,
+        description="Issue 13: an external session (no prompt): an outside process takes its "
+        "turns and calls the X-Agent tools over MCP with the returned proxy token.",
+    )
+    token_ttl_s: int | None = Field(
+        default=None, ge=60, le=90 * 86400, description="External: proxy token lifetime (s)."
+    )
+
     _not_blank = field_validator("prompt")(_prompt)
+
+    @model_validator(mode="after")
+    def _prompt_unless_external(self) -> SessionCreate:
+        if self.external and (self.prompt is not None or self.team or self.sync):
+            raise ValueError("an external session takes no prompt, team or sync")
+        if not self.external and self.prompt is None:
+            raise ValueError("prompt is required (unless external)")
+        return self
 
 
 class MessageCreate(BaseModel):
@@ -93,6 +128,11 @@ class MessageCreate(BaseModel):
 
     prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     sync: bool = False
+    role: Literal["user", "assistant"] = Field(
+        default="user",
+        description="Issue 13: on an external session, with its proxy token, the outside "
+        "process posts its own messages (`assistant`: what it did).",
+    )
 
     _not_blank = field_validator("prompt")(_prompt)
 
@@ -123,6 +163,10 @@ class SessionAccepted(BaseModel):
     response: str | None = None
     message_id: str | None = None
     workflow_url: str
+    proxy_token: str | None = Field(
+        default=None, description="External sessions: the proxy token, shown once."
+    )
+    mcp_url: str | None = Field(default=None, description="External sessions: the MCP server.")
 
 
 class SessionDetail(sessions.SessionPublic):
@@ -150,6 +194,7 @@ class CancelAccepted(BaseModel):
 )
 async def create_session(
     body: SessionCreate,
+    request: Request,
     engine: EngineDep,
     settings: SettingsDep,
     client: TemporalDep,
@@ -158,6 +203,8 @@ async def create_session(
     """Resolve the agent to a pin, start its SessionWorkflow with the first message.
 
     In auth mode the user needs the ``user`` role on the agent (403 ``forbidden``).
+    ``external`` (issue 13): no first message; the answer carries the session's proxy
+    token (shown once) and the MCP server's URL.
     """
 
     def route() -> tuple[str, TeamSnapshot | None]:
@@ -181,6 +228,9 @@ async def create_session(
             return ref, team
 
     ref, team = await asyncio.to_thread(route)
+    if body.external:
+        return await _open_external(body, request, engine, settings, client, caller, ref)
+    assert body.prompt is not None  # checked by SessionCreate
     launched = await launch.launch_session(
         client,
         engine,
@@ -208,30 +258,101 @@ async def create_session(
     )
 
 
+async def _open_external(
+    body: SessionCreate,
+    request: Request,
+    engine: Engine,
+    settings: Settings,
+    client: Client,
+    caller: Caller,
+    ref: str,
+) -> SessionAccepted:
+    """``external: true`` (issue 13): the session, its proxy token and the MCP URL."""
+    opened = await external.open_external_session(
+        client,
+        engine,
+        task_queue=settings.task_queue,
+        config=settings.session_config(),
+        ref=ref,
+        provenance=Provenance(
+            created_by_user=caller.user, disable_delegation=body.disable_delegation
+        ),
+        name=body.name,
+        token_ttl_s=body.token_ttl_s,
+    )
+    return SessionAccepted(
+        session_id=opened.session_id,
+        status="idle",
+        agent=opened.agent,
+        version=opened.version,
+        workflow_url=settings.workflow_url(opened.session_id),
+        proxy_token=opened.proxy_token,
+        mcp_url=str(request.base_url).rstrip("/") + MCP_PATH,
+    )
+
+
+def _external_sender(engine: Engine, session_id: str, token: str | None) -> ExternalIdentity | None:
+    """The proxy token's identity when the session is external (401 without a valid one,
+    403 for another session's token); None for an ordinary session."""
+    with session_scope(engine) as s:
+        sessions.get_session(s, session_id=session_id)  # 404 first
+        if not external.is_external(s, session_id=session_id):
+            return None
+        if token is None or not token.startswith(external.PROXY_PREFIX):
+            raise Unauthorized("an external session takes messages with its proxy token")
+        identity = external.authenticate(s, token)
+    if identity.session_id != session_id:
+        raise Forbidden("this proxy token belongs to another session")
+    return identity
+
+
 @router.post(
     "/{session_id}/messages",
-    responses=problem_responses(404, 409, 422, 502, 503),
+    responses=problem_responses(401, 403, 404, 409, 422, 502, 503),
     summary="Send a message",
 )
 async def send_message(
     session_id: SessionIdPath,
     body: MessageCreate,
+    request: Request,
     engine: EngineDep,
     settings: SettingsDep,
-    client: TemporalDep,
-    caller: CallerDep,
+    authorization: Annotated[
+        str | None, Header(description="`Bearer <token>`: an API token, or a proxy token.")
+    ] = None,
 ) -> SessionAccepted:
-    """Deliver a message by Update; 409 ``session_busy`` while a turn runs."""
+    """Deliver a message by Update; 409 ``session_busy`` while a turn runs.
+
+    External sessions (issue 13) take messages only with their proxy token, stored in
+    the transcript as they are (``role``; no model turn runs); ``role: assistant`` on
+    an ordinary session is 409 ``not_external``.
+    """
+    token = external.bearer(authorization)
+    identity = await asyncio.to_thread(_external_sender, engine, session_id, token)
+    if identity is not None:
+        client = await get_temporal(
+            request, Caller(user=identity.user_id, auth=settings.auth == "on")
+        )
+        message_id = await external.post_message(client, identity, role=body.role, text=body.prompt)
+        public = await asyncio.to_thread(_public, engine, session_id)
+        return SessionAccepted(
+            session_id=session_id,
+            status=public.status,
+            agent=public.agent,
+            version=public.version,
+            message_id=message_id,
+            workflow_url=settings.workflow_url(session_id),
+        )
+    if body.role != "user":
+        raise external.NotExternal("only an external session takes assistant messages", path="role")
+    caller = get_caller(request, authorization)
+    client = await get_temporal(request, caller)
     await asyncio.to_thread(_require, engine, caller, "user", session_id=session_id)
     outcome, text = await launch.send_message(
         client, engine, session_id=session_id, prompt=body.prompt, sync=body.sync, user=caller.user
     )
 
-    def row() -> sessions.SessionPublic:
-        with session_scope(engine) as s:
-            return sessions.to_public(sessions.get_session(s, session_id=session_id))
-
-    public = await asyncio.to_thread(row)
+    public = await asyncio.to_thread(_public, engine, session_id)
     return SessionAccepted(
         session_id=session_id,
         status=public.status,
@@ -241,6 +362,11 @@ async def send_message(
         message_id=outcome.message_id if outcome else None,
         workflow_url=settings.workflow_url(session_id),
     )
+
+
+def _public(engine: Engine, session_id: str) -> sessions.SessionPublic:
+    with session_scope(engine) as s:
+        return sessions.to_public(sessions.get_session(s, session_id=session_id))
 
 
 @router.get("", responses=problem_responses(422), summary="List sessions")
