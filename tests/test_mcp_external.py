@@ -57,9 +57,7 @@ def text(result: CallToolResult) -> str:
     return block.text
 
 
-async def call(
-    url: str, token: str, tool: str, **args: Any
-) -> tuple[bool, str]:
+async def call(url: str, token: str, tool: str, **args: Any) -> tuple[bool, str]:
     """One tool call in a fresh client: ``(is_error, text)``."""
     async with mcp_client(url, token) as session:
         result = await session.call_tool(tool, args)
