@@ -18,9 +18,15 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
+from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 
+from baton import auth
+from baton.contracts import Provenance
+from baton.db import session_scope
+from baton.external import open_external_session
 from tests.test_api_reviews import Stack, agent, decide, messages, pending, poll, running_stack
+from tests.test_auth import add_user
 
 
 @pytest.fixture
@@ -260,3 +266,62 @@ def test_external_process_posts_its_own_messages(stack: Stack) -> None:
     resp = http.post(f"/v1/sessions/{ordinary['session_id']}/messages", json=body)
     assert resp.status_code == 409
     assert resp.json()["code"] == "not_external"
+
+
+def test_an_external_session_invoked_by_another_agent_cannot_invoke(
+    stack: Stack, temporal_env: WorkflowEnvironment
+) -> None:
+    """One hop follows the external session's provenance (seed 000): a session another agent
+    started gets ``one_hop_violation`` for invoke_agent, before any policy or review."""
+    http = stack.http
+    agent(http, "outside")
+    agent(http, "target", [{"reply": "hi"}])
+    opened = asyncio.run(
+        open_external_session(
+            temporal_env.client,
+            stack.engine,
+            task_queue=stack.settings.task_queue,
+            config=stack.settings.session_config(),
+            ref="outside",
+            provenance=Provenance(invoked_by_agent="boss"),
+        )
+    )
+    failed, body = asyncio.run(
+        call(f"{stack.url}/mcp", opened.proxy_token, "invoke_agent", slug="target", prompt="x")
+    )
+    assert failed and body.startswith("one_hop_violation: "), body
+    assert http.get("/v1/reviews").json()["count"] == 0
+
+
+@pytest.fixture
+def auth_stack(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[tuple[Stack, str]]:
+    """API + worker in auth mode with user alice (her API token)."""
+    tokens: dict[str, str] = {}
+
+    def prepare(engine: Engine) -> None:
+        tokens["alice"] = add_user(engine, "alice")
+
+    with running_stack(temporal_env, tmp_path / "mcp-auth.db", prepare, auth="on") as st:
+        yield st, tokens["alice"]
+
+
+def test_auth_mode_session_belongs_to_the_user_and_the_token_uses_her_roles(
+    auth_stack: tuple[Stack, str],
+) -> None:
+    """In auth mode the external session is the requesting user's, and its proxy token acts
+    with her roles: invoke on an agent she only views is ``access_denied``; the proxy
+    token is no API token (401 on the API)."""
+    st, token = auth_stack
+    alice = st.client(token)
+    for slug in ("outside", "target"):
+        agent(alice, slug, [{"reply": "hi"}])
+    with session_scope(st.engine) as s:
+        auth.grant(s, agent="target", user_id="alice", role="viewer")
+    opened = external(alice, "outside")
+    assert alice.get(f"/v1/sessions/{opened['session_id']}").json()["created_by_user"] == "alice"
+    failed, body = asyncio.run(
+        call(opened["mcp_url"], opened["proxy_token"], "invoke_agent", slug="target", prompt="x")
+    )
+    assert failed and body.startswith("access_denied: "), body
+    assert "'alice'" in body
+    assert st.client(opened["proxy_token"]).get("/v1/agents").status_code == 401
