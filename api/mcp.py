@@ -118,7 +118,9 @@ async def _call(ctx: Context, tool: str, **args: Any) -> CallToolResult:
 
 def build_server() -> MCPServer:
     """The ``agents`` server with exactly the five X-Agent tools of seed 000."""
-    server: MCPServer = MCPServer("agents", instructions=INSTRUCTIONS, version="1")
+    server: MCPServer = MCPServer(
+        "agents", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
+    )
 
     @server.tool()
     async def list_agents(ctx: Context) -> CallToolResult:
