@@ -72,6 +72,31 @@ class ResolvedNode(BaseModel):
     subagents: list[ResolvedNode] = Field(default_factory=list)
 
 
+class McpServerRef(BaseModel):
+    """A remote MCP server of the agent (issue 13, item 4). ``headers`` hold references
+    (``Bearer ${NAME}``), never secrets: the ``mcp_tool`` activity resolves them."""
+
+    name: str
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class McpToolSnapshot(BaseModel):
+    """A tool discovered on an MCP server when the session loaded (so replay and retries
+    see the same list): offered to the model as ``<server>.<name>``."""
+
+    server: str
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = Field(default=None, description="Discovery failed: why (no tools).")
+
+    @property
+    def qualified(self) -> str:
+        """``<server>.<tool>``."""
+        return f"{self.server}.{self.name}"
+
+
 class ResolvedAgent(BaseModel):
     """The effective configuration of one published revision (``GET …/resolved``).
 
@@ -99,6 +124,12 @@ class ResolvedAgent(BaseModel):
     workspace_sharing: Literal["isolated", "shareable"] = "isolated"
     subagents: list[ResolvedNode] = Field(default_factory=list)
     inheritance: list[str] = Field(default_factory=list)
+    mcp_servers: list[McpServerRef] = Field(default_factory=list, description="Issue 13.")
+    mcp_tools: list[McpToolSnapshot] = Field(
+        default_factory=list,
+        description="Issue 13: the servers' tools as discovered at load (allowed/blocked "
+        "narrowing applied), the snapshot the session runs with.",
+    )
 
     @property
     def pin(self) -> str:
@@ -864,3 +895,12 @@ class ExternalMessageOutcome(BaseModel):
     """``external_message`` result: the stored message's id."""
 
     message_id: str
+
+
+class McpToolInput(BaseModel):
+    """``mcp_tool`` activity input: one ``<server>.<tool>`` call of the model (issue 13)."""
+
+    tool: ToolMessage
+    server: McpServerRef
+    name: str
+    input_schema: dict[str, Any] = Field(default_factory=dict)

@@ -21,6 +21,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.delegation import DelegationActivities
 from activities.external import ExternalActivities
+from activities.mcp_tools import McpToolActivities
 from activities.session import SessionActivities
 from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
@@ -51,6 +52,7 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
     delegation = DelegationActivities(engine, client)
     steps = StepActivities(engine)
     external = ExternalActivities(engine)  # issue 13: external sessions
+    mcp_tools = McpToolActivities(engine)  # issue 13: MCP servers as agents' tools
     return [
         acts.load_agent,
         acts.model_turn,
@@ -67,6 +69,7 @@ def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
         steps.check_deliverable,
         steps.update_step,
         external.record_external_message,
+        mcp_tools.mcp_tool,
     ]
 
 

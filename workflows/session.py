@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
 
     from activities.delegation import DelegationActivities
     from activities.external import ExternalActivities
+    from activities.mcp_tools import McpToolActivities
     from activities.session import SessionActivities
     from activities.xagent import XAgentActivities
     from baton.contracts import (
@@ -51,6 +52,8 @@ with workflow.unsafe.imports_passed_through():
         ExternalToolCall,
         InvokeAgentArgs,
         LoadAgentInput,
+        McpToolInput,
+        McpToolSnapshot,
         ModelTurnInput,
         ModelTurnResult,
         RefusalInput,
@@ -97,6 +100,7 @@ PATCH_CASCADE = "cancel-cascades-to-delegations"
 PATCH_ROUTING = "team-routes-and-mentions"
 PATCH_CALL_CAP = "cap-tool-calls-per-reply"
 PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
+PATCH_MCP_TOOLS = "mcp-server-tools"
 #: Decisions kept for reviews that already had their outcome (reported, then dropped).
 MAX_LATE_DECISIONS = 50
 
@@ -358,6 +362,13 @@ class SessionWorkflow:
                 return self._xagent(agent, turn, step, index, call)
             if call.name in DELEGATION_TOOLS and workflow.patched(PATCH_DELEGATION):
                 return self._delegation(agent, turn, step, index, call)
+            # Issue 13: `<server>.<tool>` of the snapshot (only such names reach patched()).
+            if "." in call.name and workflow.patched(PATCH_MCP_TOOLS):
+                snap = next(
+                    (t for t in agent.mcp_tools if t.name and t.qualified == call.name), None
+                )
+                if snap is not None:
+                    return self._mcp_tool(agent, turn, step, index, call, snap)
         return self._tool(agent, turn, step, index, call)
 
     def _may_route(self, agent: ResolvedAgent, msg: UserMessage) -> bool:
@@ -676,6 +687,31 @@ class SessionWorkflow:
                     retry_policy=STORE_RETRY,
                     summary="idle",
                 )
+
+    async def _mcp_tool(
+        self,
+        agent: ResolvedAgent,
+        turn: int,
+        step: int,
+        index: int,
+        call: ToolCall,
+        snap: McpToolSnapshot,
+    ) -> ToolOutcome:
+        """A tool of a remote MCP server (issue 13, item 4): the ``mcp_tool`` activity. Its
+        errors (schema, unreachable server, the tool's own) are tool results, not failures."""
+        server = next(m for m in agent.mcp_servers if m.name == snap.server)
+        return await workflow.execute_activity_method(
+            McpToolActivities.mcp_tool,
+            McpToolInput(
+                tool=self._tool_message(agent, turn, step, index, call),
+                server=server,
+                name=snap.name,
+                input_schema=snap.input_schema,
+            ),
+            start_to_close_timeout=TOOL_TIMEOUT,
+            retry_policy=STORE_RETRY,
+            summary=f"{call.name} · turn {turn}",
+        )
 
     @external_tool_call.validator
     def _validate_external_call(self, req: ExternalToolCall) -> None:
