@@ -76,6 +76,18 @@ class McpServerRef(BaseModel):
     """A remote MCP server of the agent (issue 13, item 4). ``headers`` hold references
     (``Bearer ${NAME}``), never secrets: the ``mcp_tool`` activity resolves them."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "github",
+                    "url": "https://mcp.example.com/mcp",
+                    "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},
+                }
+            ]
+        }
+    )
+
     name: str
     url: str
     headers: dict[str, str] = Field(default_factory=dict)
@@ -84,6 +96,19 @@ class McpServerRef(BaseModel):
 class McpToolSnapshot(BaseModel):
     """A tool discovered on an MCP server when the session loaded (so replay and retries
     see the same list): offered to the model as ``<server>.<name>``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "server": "github",
+                    "name": "search_issues",
+                    "description": "Search issues.",
+                    "input_schema": {"type": "object"},
+                }
+            ]
+        }
+    )
 
     server: str
     name: str

@@ -291,19 +291,26 @@ async def _open_external(
     )
 
 
-def _external_sender(engine: Engine, session_id: str, token: str | None) -> ExternalIdentity | None:
-    """The proxy token's identity when the session is external (401 without a valid one,
-    403 for another session's token); None for an ordinary session."""
+def _proxy_sender(engine: Engine, session_id: str, token: str) -> ExternalIdentity:
+    """The identity of a proxy token posting to ``session_id`` (issue 13): 401 for an
+    invalid one, 403 for another session's."""
     with session_scope(engine) as s:
-        sessions.get_session(s, session_id=session_id)  # 404 first
-        if not external.is_external(s, session_id=session_id):
-            return None
-        if token is None or not token.startswith(external.PROXY_PREFIX):
-            raise Unauthorized("an external session takes messages with its proxy token")
         identity = external.authenticate(s, token)
     if identity.session_id != session_id:
         raise Forbidden("this proxy token belongs to another session")
     return identity
+
+
+def _ordinary_target(engine: Engine, caller: Caller, session_id: str, role: str) -> None:
+    """404 / 403 (ACL) as before; an external session takes messages only with its proxy
+    token (401); ``role: assistant`` is for external sessions only (409 not_external)."""
+    with session_scope(engine) as s:
+        row = sessions.get_session(s, session_id=session_id)
+        caller.require(s, row.agent_slug, "user")
+        if external.is_external(s, session_id=session_id):
+            raise Unauthorized("an external session takes messages with its proxy token")
+    if role != "user":
+        raise external.NotExternal("only an external session takes assistant messages", path="role")
 
 
 @router.post(
@@ -328,8 +335,8 @@ async def send_message(
     an ordinary session is 409 ``not_external``.
     """
     token = external.bearer(authorization)
-    identity = await asyncio.to_thread(_external_sender, engine, session_id, token)
-    if identity is not None:
+    if token is not None and token.startswith(external.PROXY_PREFIX):
+        identity = await asyncio.to_thread(_proxy_sender, engine, session_id, token)
         client = await get_temporal(
             request, Caller(user=identity.user_id, auth=settings.auth == "on")
         )
@@ -343,11 +350,9 @@ async def send_message(
             message_id=message_id,
             workflow_url=settings.workflow_url(session_id),
         )
-    if body.role != "user":
-        raise external.NotExternal("only an external session takes assistant messages", path="role")
-    caller = get_caller(request, authorization)
+    caller = await asyncio.to_thread(get_caller, request, authorization)  # 401 first
     client = await get_temporal(request, caller)
-    await asyncio.to_thread(_require, engine, caller, "user", session_id=session_id)
+    await asyncio.to_thread(_ordinary_target, engine, caller, session_id, body.role)
     outcome, text = await launch.send_message(
         client, engine, session_id=session_id, prompt=body.prompt, sync=body.sync, user=caller.user
     )
