@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 
 from baton import auth
+from baton import external as external_mod
 from baton.contracts import Provenance
 from baton.db import session_scope
 from baton.external import open_external_session
@@ -202,7 +203,7 @@ def test_refusals_are_tool_errors_that_start_with_their_code(stack: Stack) -> No
 
 def test_review_timeout_and_deny_are_coded_tool_errors(stack: Stack) -> None:
     """A review nobody decides times out (4 s here) as ``review_timeout: …``; a denied one
-    is ``review_denied: …``; progress arrives while the call waits."""
+    is ``review_denied: …``; the session is idle again afterwards."""
     http = stack.http
     agent(http, "outside")
     agent(http, "target", [{"reply": "hi"}])
@@ -325,3 +326,29 @@ def test_auth_mode_session_belongs_to_the_user_and_the_token_uses_her_roles(
     assert failed and body.startswith("access_denied: "), body
     assert "'alice'" in body
     assert st.client(opened["proxy_token"]).get("/v1/agents").status_code == 401
+
+
+def test_a_call_waiting_for_review_sends_progress(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a call waits for its review (here until the 4 s timeout), the server sends MCP
+    progress notifications (every KEEPALIVE_S, shortened here) on the call's stream."""
+    monkeypatch.setattr(external_mod, "KEEPALIVE_S", 0.5)
+    http = stack.http
+    agent(http, "outside")
+    agent(http, "target", [{"reply": "hi"}])
+    opened = external(http, "outside")
+    seen: list[str | None] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    async def run() -> CallToolResult:
+        async with mcp_client(opened["mcp_url"], opened["proxy_token"]) as session:
+            args = {"slug": "target", "prompt": "x"}
+            return await session.call_tool("invoke_agent", args, progress_callback=progress)
+
+    result = asyncio.run(run())
+    assert result.is_error and text(result).startswith("review_timeout: ")
+    assert len(seen) >= 3, seen
+    assert all(m and m.startswith("invoke_agent: waiting") for m in seen)
