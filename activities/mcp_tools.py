@@ -35,8 +35,9 @@ from activities.session import store_result, stored_outcome
 from baton.contracts import McpServerRef, McpToolInput, McpToolSnapshot, ToolOutcome
 from baton.db import session_scope
 
-#: Seconds to connect to a server and list or call its tools.
+#: Seconds to connect to a server, and to list all servers' tools when a session loads.
 CONNECT_TIMEOUT_S = 10.0
+DISCOVERY_TIMEOUT_S = 8.0
 CALL_TIMEOUT_S = 50.0  # inside the 60 s TOOL_TIMEOUT of the activity
 MAX_RESULT_CHARS = 32_000
 _REF = re.compile(r"\$\{([A-Z][A-Z0-9_]{0,127})\}")
@@ -83,30 +84,35 @@ def _usable(name: str, allowed: list[str] | None, blocked: list[str]) -> bool:
     return (allowed is None or name in allowed) and name not in blocked
 
 
+async def _list(
+    server: McpServerRef, allowed: list[str] | None, blocked: list[str]
+) -> list[McpToolSnapshot]:
+    try:
+        async with asyncio.timeout(DISCOVERY_TIMEOUT_S), _connect(server, DISCOVERY_TIMEOUT_S) as c:
+            listed = await c.list_tools()
+    except Exception as exc:  # any failure of a remote server is data, not a crash
+        activity.logger.warning("MCP server %s: %s", server.name, _why(exc))
+        return [McpToolSnapshot(server=server.name, name="", error=_why(exc))]
+    snaps = [
+        McpToolSnapshot(
+            server=server.name,
+            name=tool.name,
+            description=tool.description or "",
+            input_schema=dict(tool.input_schema or {"type": "object"}),
+        )
+        for tool in listed.tools
+    ]
+    return [t for t in snaps if _usable(t.qualified, allowed, blocked)]
+
+
 async def discover(
     servers: list[McpServerRef], *, allowed: list[str] | None, blocked: list[str]
 ) -> list[McpToolSnapshot]:
-    """Every server's tools, narrowed by ``allowed`` / ``blocked`` (qualified names). A
-    server that cannot be listed yields one snapshot with ``error`` and no tools."""
-    found: list[McpToolSnapshot] = []
-    for server in servers:
-        try:
-            async with _connect(server, CONNECT_TIMEOUT_S) as session:
-                listed = await asyncio.wait_for(session.list_tools(), CONNECT_TIMEOUT_S)
-        except Exception as exc:  # any failure of a remote server is data, not a crash
-            activity.logger.warning("MCP server %s: %s", server.name, _why(exc))
-            found.append(McpToolSnapshot(server=server.name, name="", error=_why(exc)))
-            continue
-        for tool in listed.tools:
-            snap = McpToolSnapshot(
-                server=server.name,
-                name=tool.name,
-                description=tool.description or "",
-                input_schema=dict(tool.input_schema or {"type": "object"}),
-            )
-            if _usable(snap.qualified, allowed, blocked):
-                found.append(snap)
-    return found
+    """Every server's tools, narrowed by ``allowed`` / ``blocked`` (qualified names), listed
+    in parallel within :data:`DISCOVERY_TIMEOUT_S` (inside load_agent's 30 s). A server that
+    cannot be listed yields one snapshot with ``error`` and no tools."""
+    found = await asyncio.gather(*(_list(m, allowed, blocked) for m in servers))
+    return [snap for snaps in found for snap in snaps]
 
 
 def discover_sync(

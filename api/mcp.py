@@ -36,6 +36,9 @@ from baton.errors import BatonError
 
 #: Where the server is mounted on the API process.
 MCP_PATH = "/mcp"
+#: Largest MCP request body (bytes): one tool call's arguments, kept well below
+#: Temporal's payload limit so an oversized call never reaches a workflow.
+MAX_BODY_BYTES = 1024 * 1024
 #: The request-state key under which ProxyAuth leaves the caller's identity.
 IDENTITY = "baton_external"
 #: ``_meta`` key a client may set to make a retried call attach to the first one.
@@ -176,6 +179,8 @@ class MountedMCP:
         self.server.streamable_http_app(
             streamable_http_path=MCP_PATH,
             stateless_http=True,
+            # The largest valid call (create_agent's instructions) is far smaller.
+            max_request_body_size=MAX_BODY_BYTES,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
         app = StreamableHTTPASGIApp(self.server.session_manager)

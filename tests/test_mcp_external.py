@@ -340,7 +340,7 @@ def test_a_call_waiting_for_review_sends_progress(
     opened = external(http, "outside")
     seen: list[str | None] = []
 
-    async def progress(done: float, total: float | None, message: str | None) -> None:
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append(message)
 
     async def run() -> CallToolResult:
