@@ -21,10 +21,11 @@ from mcp_types import CallToolResult, TextContent
 from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 
-from baton import auth
+from baton import auth, launch
 from baton import external as external_mod
 from baton.contracts import Provenance
 from baton.db import session_scope
+from baton.errors import SessionExternal
 from baton.external import open_external_session
 from tests.test_api_reviews import Stack, agent, decide, messages, pending, poll, running_stack
 from tests.test_auth import add_user
@@ -352,3 +353,30 @@ def test_a_call_waiting_for_review_sends_progress(
     assert result.is_error and text(result).startswith("review_timeout: ")
     assert len(seen) >= 3, seen
     assert all(m and m.startswith("invoke_agent: waiting") for m in seen)
+
+
+def test_external_session_requests_are_checked_at_their_edges(
+    stack: Stack, temporal_env: WorkflowEnvironment
+) -> None:
+    """token_ttl_s 60 is accepted and 59 refused (422); an external session takes no
+    prompt; an ordinary one needs one; send_message is 409 session_external there."""
+    http = stack.http
+    agent(http, "outside")
+    ok = http.post("/v1/sessions", json={"agent": "outside", "external": True, "token_ttl_s": 60})
+    assert ok.status_code == 201, ok.text
+    for body in (
+        {"agent": "outside", "external": True, "token_ttl_s": 59},
+        {"agent": "outside", "external": True, "prompt": "hi"},
+        {"agent": "outside"},
+    ):
+        resp = http.post("/v1/sessions", json=body)
+        assert resp.status_code == 422, (body, resp.text)
+    # The workflow itself refuses a model turn on an external session.
+    sid = ok.json()["session_id"]
+    with pytest.raises(SessionExternal):
+        asyncio.run(
+            launch.send_message(
+                temporal_env.client, stack.engine, session_id=sid, prompt="hi", sync=True
+            )
+        )
+    assert messages(http, sid) == []

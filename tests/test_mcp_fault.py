@@ -21,7 +21,7 @@ from baton.db import DelegationRow, SessionRow, init_db, make_engine, session_sc
 from baton.external import open_external_session
 from baton.settings import Settings
 from tests.conftest import serve
-from tests.helpers import publish, wait_for
+from tests.helpers import publish, transcript, wait_for
 from tests.test_fault import chunk_count, start_worker
 from tests.test_mcp_external import mcp_client, text
 
@@ -89,6 +89,8 @@ async def test_killed_worker_during_an_mcp_invoke_runs_the_target_once(
         assert not failed, body
         assert json.loads(body)["response"] == REPLY
         assert len(target_ids()) == 1
+        replies = [r for r, _ in transcript(engine, target_ids()[0]) if r == "assistant"]
+        assert replies == ["assistant"]
         with session_scope(engine) as s:
             delegations = s.exec(
                 select(DelegationRow).where(
