@@ -147,12 +147,13 @@ def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
                 f"this run already started {spawned} sessions (max_spawns {limits.max_spawns})",
             )
     if limits.token_budget is not None:
-        used = delegations.run_tokens(session, root_session_id=root)
-        if used >= limits.token_budget:
-            raise Refused(
-                LIMIT_EXCEEDED,
-                f"this run used {used} tokens of its token_budget {limits.token_budget}",
+        # Used + reserved by model calls in flight (issue 10 item 6): the one budget rule.
+        try:
+            delegations.admit_tokens(
+                session, root_session_id=root, token_budget=limits.token_budget
             )
+        except delegations.BudgetExhausted as exc:
+            raise Refused(LIMIT_EXCEEDED, str(exc)) from exc
 
 
 def _with_memories(session: Session, team: TeamSnapshot, task: str) -> str:

@@ -37,8 +37,7 @@ from baton.db import session_scope
 
 #: Seconds to connect to a server, and to list all servers' tools when a session loads.
 CONNECT_TIMEOUT_S = 10.0
-DISCOVERY_TIMEOUT_S = 8.0
-CALL_TIMEOUT_S = 50.0  # inside the 60 s TOOL_TIMEOUT of the activity
+DISCOVERY_TIMEOUT_S = 5.0  # inside load_agent's store timeout (10 s by default)
 MAX_RESULT_CHARS = 32_000
 _REF = re.compile(r"\$\{([A-Z][A-Z0-9_]{0,127})\}")
 
@@ -109,7 +108,7 @@ async def discover(
     servers: list[McpServerRef], *, allowed: list[str] | None, blocked: list[str]
 ) -> list[McpToolSnapshot]:
     """Every server's tools, narrowed by ``allowed`` / ``blocked`` (qualified names), listed
-    in parallel within :data:`DISCOVERY_TIMEOUT_S` (inside load_agent's 30 s). A server that
+    in parallel within :data:`DISCOVERY_TIMEOUT_S`. A server that
     cannot be listed yields one snapshot with ``error`` and no tools."""
     found = await asyncio.gather(*(_list(m, allowed, blocked) for m in servers))
     return [snap for snaps in found for snap in snaps]
@@ -172,9 +171,13 @@ class McpToolActivities:
             return await asyncio.to_thread(
                 self._store, inp, f"invalid_arguments: {problems}", False
             )
+        # Inside the activity's start-to-close (BATON_TOOL_TIMEOUT): a slow server is a tool
+        # error, never a timed-out attempt that Temporal would retry (calling it again).
+        limit = activity.info().start_to_close_timeout
+        budget = 0.8 * (limit.total_seconds() if limit else 60.0)
         try:
-            async with _connect(inp.server, CALL_TIMEOUT_S) as session:
-                result = await asyncio.wait_for(session.call_tool(inp.name, args), CALL_TIMEOUT_S)
+            async with _connect(inp.server, budget) as session:
+                result = await asyncio.wait_for(session.call_tool(inp.name, args), budget)
         except HeaderUnresolved as exc:
             return await asyncio.to_thread(self._store, inp, f"mcp_unreachable: {exc}", False)
         except Exception as exc:  # an unreachable or broken server is the model's tool error

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import json
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic_ai.direct import model_request_stream
 from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError, UserError
@@ -33,6 +36,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -58,7 +62,14 @@ from baton.contracts import (
 )
 from baton.db import MessageRow, session_scope
 from baton.errors import BatonError
-from baton.models import build_model, model_name
+from baton.models import SCRIPTED, build_model, model_name
+from baton.payloads import (
+    MAX_PAYLOAD_DEPTH,
+    MAX_RESULT_BYTES,
+    ensure_fits,
+    json_bytes,
+    nesting_depth,
+)
 from baton.sessions import HistoryItem
 from baton.tools import (
     ToolError,
@@ -131,17 +142,26 @@ def to_model_messages(system_prompt: str, history: list[HistoryItem]) -> list[Mo
     return out
 
 
-@contextlib.asynccontextmanager
-async def heartbeating() -> AsyncIterator[None]:
-    """Heartbeat at half the heartbeat timeout while the body runs (even with no output)."""
+def _beat_interval() -> float:
+    """Half the activity's heartbeat timeout in seconds (STYLE 5), 10 s without one."""
     timeout = activity.info().heartbeat_timeout
-    interval = timeout.total_seconds() / 2 if timeout else 10.0
+    return timeout.total_seconds() / 2 if timeout else 10.0
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(details: Callable[[], tuple[Any, ...]] = tuple) -> AsyncIterator[None]:
+    """Heartbeat at half the heartbeat timeout while the body runs (even with no output).
+
+    ``details()`` is sent with each beat: what a retry on another worker reads back
+    from ``activity.info().heartbeat_details`` (model_turn: its provider failures).
+    """
+    interval = _beat_interval()
 
     async def beat() -> None:
         # The first beat waits an interval: a quick call then sends none at all.
         while True:
             await asyncio.sleep(interval)
-            activity.heartbeat()
+            activity.heartbeat(*details())
 
     task = asyncio.create_task(beat())
     try:
@@ -150,6 +170,30 @@ async def heartbeating() -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.contextmanager
+def heartbeating_thread() -> Iterator[None]:
+    """:func:`heartbeating` for a sync activity: a thread beats while the body runs, so a
+    lost worker's tool call is retried after the heartbeat timeout, not its start-to-close
+    (issue 10, item 10). ``activity.heartbeat`` is thread-safe in sync activities; the
+    thread runs in a copy of the activity's context to find it."""
+    interval = _beat_interval()
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            activity.heartbeat()
+
+    thread = threading.Thread(
+        target=contextvars.copy_context().run, args=(beat,), name="baton-heartbeat", daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def stored_outcome(s: Session, message_id: str) -> ToolOutcome | None:
@@ -205,28 +249,59 @@ def store_result(
 
 
 def _result_from(row: MessageRow) -> ModelTurnResult:
-    return ModelTurnResult(
-        message_id=row.id,
-        preview=row.text[:PREVIEW_CHARS],
-        preview_is_full=len(row.text) <= PREVIEW_CHARS,
-        tool_calls=[ToolCall.model_validate(c) for c in row.tool_calls or []],
-        usage=Usage.model_validate(row.usage or {}),
+    return _turn_result(
+        row.id,
+        row.text,
+        # A row stored before results were bounded may carry oversized arguments: fit them.
+        fit_tool_calls([ToolCall.model_validate(c) for c in row.tool_calls or []]),
+        Usage.model_validate(row.usage or {}),
     )
 
 
-#: Deepest nesting of tool-call arguments carried to the workflow: its payload decoder
-#: has a recursion limit the activity's encoder does not, so deeper args would wedge it.
-MAX_ARG_DEPTH = 32
+def _turn_result(
+    message_id: str, text: str, calls: list[ToolCall], usage: Usage
+) -> ModelTurnResult:
+    """The ``model_turn`` result (claim-check: the text stays in the DB, a preview travels),
+    checked against the payload bound before it is returned."""
+    result = ModelTurnResult(
+        message_id=message_id,
+        preview=text[:PREVIEW_CHARS],
+        preview_is_full=len(text) <= PREVIEW_CHARS,
+        tool_calls=calls,
+        usage=usage,
+    )
+    return ensure_fits(result, what="model reply")
 
 
-def _depth(value: Any, level: int = 0) -> int:
-    if level > MAX_ARG_DEPTH:
-        return level
-    if isinstance(value, dict):
-        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
-    if isinstance(value, list):
-        return max((_depth(v, level + 1) for v in value), default=level + 1)
-    return level
+#: Deepest nesting of tool-call arguments carried to the workflow (see baton.payloads).
+MAX_ARG_DEPTH = MAX_PAYLOAD_DEPTH
+#: What the tool calls of one reply may weigh in all; the rest of the result (ids,
+#: preview, usage) is far smaller than the headroom left below MAX_RESULT_BYTES.
+MAX_CALLS_BYTES = MAX_RESULT_BYTES - 64 * 1024
+UNPARSED = "_unparsed_arguments"
+
+
+def fit_tool_calls(calls: list[ToolCall]) -> list[ToolCall]:
+    """``calls`` with the largest arguments replaced by an error marker until all the calls
+    weigh at most :data:`MAX_CALLS_BYTES` (encoded JSON).
+
+    The marker (``{"_unparsed_arguments": "…"}``) fails the tool's argument check, so the
+    model reads why and can retry with smaller arguments; the turn is neither failed nor
+    retried (it would fail the same way: issue 10, item 8). Order and ids are kept.
+    """
+    sizes = [json_bytes(c) for c in calls]
+    total = sum(sizes)
+    fitted = list(calls)
+    for i in sorted(range(len(calls)), key=lambda i: sizes[i], reverse=True):
+        if total <= MAX_CALLS_BYTES:
+            break
+        note = (
+            f"arguments of {sizes[i]} bytes: one reply's tool calls may carry at most "
+            f"{MAX_CALLS_BYTES} bytes in all; send smaller arguments"
+        )
+        fitted[i] = ToolCall(id=calls[i].id, name=calls[i].name, args={UNPARSED: note})
+        total += json_bytes(fitted[i]) - sizes[i]
+    return fitted
 
 
 def _tool_call(part: ToolCallPart) -> ToolCall:
@@ -234,10 +309,59 @@ def _tool_call(part: ToolCallPart) -> ToolCall:
         args = part.args_as_dict()
     except (ValueError, RecursionError):
         # Malformed JSON from the model: the tool's schema check reports it back to the model.
-        args = {"_unparsed_arguments": str(part.args)[:2000]}
-    if _depth(args) > MAX_ARG_DEPTH:
-        args = {"_unparsed_arguments": f"arguments nested deeper than {MAX_ARG_DEPTH} levels"}
+        args = {UNPARSED: str(part.args)[:2000]}
+    if nesting_depth(args) > MAX_ARG_DEPTH:
+        args = {UNPARSED: f"arguments nested deeper than {MAX_ARG_DEPTH} levels"}
     return ToolCall(id=part.tool_call_id, name=part.tool_name, args=args)
+
+
+def estimate_input_tokens(
+    messages: list[ModelMessage], params: ModelRequestParameters, model: str
+) -> int:
+    """A request's input tokens before the provider counts them: its text (prompts, tool
+    results, earlier replies and tool-call arguments) and its tool definitions at
+    :data:`~baton.metering.CHARS_PER_TOKEN` characters a token, plus
+    :data:`~baton.metering.REQUEST_OVERHEAD_TOKENS` for the request itself. The offline
+    ``scripted`` model is metered a flat REQUEST_OVERHEAD_TOKENS per request (how
+    pydantic-ai's FunctionModel counts a stream), so its estimate is exactly that.
+
+    Used for the token_budget reservation and the balance cut. A tokenizer may count
+    more than this: the documented token_budget bound is what calls admitted with this
+    estimate used beyond it (README, 'Limits, enforced').
+    """
+    if model == SCRIPTED:
+        return metering.REQUEST_OVERHEAD_TOKENS
+    chars = 0
+    for message in messages:
+        for part in message.parts:
+            if isinstance(part, SystemPromptPart | UserPromptPart | TextPart):
+                chars += len(part.content) if isinstance(part.content, str) else 0
+            elif isinstance(part, ToolReturnPart):
+                chars += len(part.model_response_str()) + len(part.tool_name)
+            elif isinstance(part, ToolCallPart):
+                chars += len(part.args_as_json_str()) + len(part.tool_name)
+    for tool in params.function_tools:
+        chars += len(tool.name) + len(tool.description or "")
+        chars += len(json.dumps(tool.parameters_json_schema, separators=(",", ":")))
+    return metering.REQUEST_OVERHEAD_TOKENS + -(-chars // metering.CHARS_PER_TOKEN)
+
+
+def _over_budget(exc: Exception) -> ApplicationError:
+    """A model call refused by the run's token_budget: non-retryable, said to the model's
+    caller as ``limit_exceeded: …`` (never a silent cut)."""
+    return ApplicationError(f"{LIMIT_EXCEEDED}: {exc}", type=LIMIT_EXCEEDED, non_retryable=True)
+
+
+#: ApplicationError type of a model call that failed ``provider_failures`` times.
+MODEL_PROVIDER_FAILED = "ModelProviderFailed"
+
+
+def provider_failures(details: Sequence[Any]) -> int:
+    """Provider failures counted by earlier attempts of a model call (heartbeat details
+    ``(count,)``; anything else counts as none)."""
+    if details and isinstance(details[0], int) and not isinstance(details[0], bool):
+        return max(details[0], 0)
+    return 0
 
 
 def _classify(exc: Exception) -> Exception:
@@ -318,15 +442,16 @@ class SessionActivities:
                     non_retryable=True,
                 )
             if inp.token_budget is not None and inp.run_root is not None:
-                used = delegations.run_tokens(s, root_session_id=inp.run_root)
-                if used >= inp.token_budget:
-                    # Refused before the provider is called, and said so: never a silent cut.
-                    raise ApplicationError(
-                        f"limit_exceeded: this run used {used} tokens of its token_budget "
-                        f"{inp.token_budget}",
-                        type=LIMIT_EXCEEDED,
-                        non_retryable=True,
+                # A cheap early refusal (no lock); _reserve decides under the run's lock.
+                try:
+                    delegations.admit_tokens(
+                        s,
+                        root_session_id=inp.run_root,
+                        token_budget=inp.token_budget,
+                        excluding=inp.assistant_message_id,
                     )
+                except delegations.BudgetExhausted as exc:
+                    raise _over_budget(exc) from exc
             if inp.user_message_id and inp.user_text is not None:
                 sessions.add_message(
                     s,
@@ -351,6 +476,23 @@ class SessionActivities:
                 roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []
             )
             return None, agent, sessions.history(s, session_id=inp.session_id), entries, balance
+
+    def _reserve(self, inp: ModelTurnInput, input_estimate: int) -> int:
+        """Admit the call under the run's token_budget and reserve for it; its max_tokens."""
+        assert inp.token_budget is not None and inp.run_root is not None
+        try:
+            with session_scope(self._engine) as s:
+                return delegations.reserve_tokens(
+                    s,
+                    root_session_id=inp.run_root,
+                    session_id=inp.session_id,
+                    message_id=inp.assistant_message_id,
+                    token_budget=inp.token_budget,
+                    input_estimate=input_estimate,
+                    max_output=inp.max_output_tokens,
+                )
+        except delegations.BudgetExhausted as exc:
+            raise _over_budget(exc) from exc
 
     @staticmethod
     def _chunk_event(s: Session, inp: ModelTurnInput, text: str, attempt: int) -> None:
@@ -443,10 +585,19 @@ class SessionActivities:
         Idempotent on ``assistant_message_id``: a retry after the message was
         stored returns it without calling the model again. Provider retries are
         off (``max_retries=0``); 5xx/429/connection errors are retried by
-        Temporal, other 4xx and configuration errors are non-retryable.
+        Temporal, other 4xx and configuration errors are non-retryable. Retryable
+        provider failures are counted in the heartbeat details across attempts;
+        the ``provider_failures``-th is final (``ModelProviderFailed``), while an
+        attempt lost with its worker counts none (issue 10, item 10). Under a
+        token_budget the call first reserves its input estimate + ``max_tokens``
+        (``limit_exceeded``, non-retryable, when there is no room; issue 10 item 6).
         """
-        attempt = activity.info().attempt
-        async with heartbeating():
+        info = activity.info()
+        attempt = info.attempt
+        # Provider failures of earlier attempts travel in the heartbeat details; an attempt
+        # lost with its worker (heartbeat timeout) adds none (issue 10, item 10).
+        failures = provider_failures(info.heartbeat_details)
+        async with heartbeating(lambda: (failures,)):
             done, agent, history, entries, balance = await self._in_db(self._prepare, inp)
             if done is not None:
                 return done
@@ -490,14 +641,18 @@ class SessionActivities:
             messages = to_model_messages(system_prompt, history)
             # A stream is cut once its running cost would spend the balance: input tokens
             # estimated from the request, output from the text streamed so far.
-            input_estimate = sum(len(str(m)) for m in messages) // metering.CHARS_PER_TOKEN
+            input_estimate = estimate_input_tokens(messages, params, name)
+            settings: dict[str, Any] = {"max_retries": 0}
+            if inp.token_budget is not None and inp.run_root is not None:
+                # What this call may spend is reserved before it starts (issue 10 item 6).
+                settings["max_tokens"] = await self._in_db(self._reserve, inp, input_estimate)
             streamed = 0
             try:
                 model = build_model(name, playbook=agent.playbook, agent_slug=agent.slug)
                 async with model_request_stream(
                     model,
                     messages,
-                    model_settings={"max_retries": 0},
+                    model_settings=cast(ModelSettings, settings),
                     model_request_parameters=params,
                 ) as stream:
                     async for event in stream:
@@ -542,11 +697,22 @@ class SessionActivities:
                     response = stream.get()
             except (ModelAPIError, UserError) as exc:
                 mapped = _classify(exc)
-                if mapped is exc:
-                    raise  # retryable as it is; `raise exc from exc` would make it its own cause
-                raise mapped from exc
+                if mapped is not exc:
+                    raise mapped from exc
+                failures += 1
+                if failures >= inp.provider_failures:
+                    raise ApplicationError(
+                        f"the model provider failed {failures} times for this call: {exc}",
+                        type=MODEL_PROVIDER_FAILED,
+                        non_retryable=True,
+                    ) from exc
+                # Recorded with the failure, so the next attempt (any worker) counts on.
+                activity.heartbeat(failures)
+                raise  # retryable as it is; `raise exc from exc` would make it its own cause
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
-            calls = [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
+            calls = fit_tool_calls(
+                [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
+            )
             cost: float | None = None
             with contextlib.suppress(Exception):  # unknown model/provider: no price known
                 cost = float(response.cost().total_price)
@@ -562,13 +728,7 @@ class SessionActivities:
                 wall_ms=int((time.monotonic() - started) * 1000),
             )
             await self._in_db(self._persist, inp, text, calls, usage, buffer, attempt, name)
-            return ModelTurnResult(
-                message_id=inp.assistant_message_id,
-                preview=text[:PREVIEW_CHARS],
-                preview_is_full=len(text) <= PREVIEW_CHARS,
-                tool_calls=calls,
-                usage=usage,
-            )
+            return _turn_result(inp.assistant_message_id, text, calls, usage)
 
     @activity.defn(name="run_tool")
     def run_tool(self, inp: ToolInput) -> ToolOutcome:
@@ -579,7 +739,8 @@ class SessionActivities:
                 return done
         started = time.monotonic()
         try:
-            output, ok = run_tool(inp.call.name, inp.call.args, inp.allowed_tools), True
+            with heartbeating_thread():
+                output, ok = run_tool(inp.call.name, inp.call.args, inp.allowed_tools), True
         except ToolError as exc:
             output, ok = str(exc), False
         except Exception as exc:  # a broken tool must reach the model, not fail the turn
@@ -610,6 +771,8 @@ class SessionActivities:
                 is_error=True,
             )
             sessions.set_status(s, session_id=inp.session_id, status=inp.final_status)
+            # The failed call will never be metered: its token reservation is freed.
+            delegations.release_tokens(s, session_id=inp.session_id)
 
     @activity.defn(name="set_status")
     def set_status(self, inp: StatusChange) -> None:
@@ -617,6 +780,7 @@ class SessionActivities:
         with session_scope(self._engine) as s:
             sessions.set_status(s, session_id=inp.session_id, status=inp.status)
             if inp.status in CLOSED_STATUSES:
+                delegations.release_tokens(s, session_id=inp.session_id)
                 for row in reviews.close_pending(s, session_id=inp.session_id, by=inp.status):
                     # The session's own stream has ended; a run root still open hears of it.
                     forwarded = reviews.resolved_event(row)

@@ -5,45 +5,81 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
-import jsonschema
 from sqlalchemy.engine import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton import sessions
+from baton import deliverables, sessions
 from baton.contracts import STEP_CLOSED, DeliverableCheck, DeliverableResult, StepUpdate
 from baton.db import StepRow, session_scope, utcnow
+from baton.errors import BatonError
+from baton.payloads import (
+    MAX_PAYLOAD_DEPTH,
+    MAX_RESULT_BYTES,
+    ensure_fits,
+    json_bytes,
+    nesting_depth,
+)
 
-#: Validation errors fed back to the model per attempt.
+#: Validation errors fed back to the model per attempt, and the length of each.
 MAX_ERRORS = 10
+MAX_ERROR_CHARS = 300
+#: Room left in a result for its errors and field names beside the deliverable.
+RESULT_HEADROOM = 16 * 1024
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
 
-def parse_deliverable(text: str, schema: dict[str, object] | None) -> DeliverableResult:
+def _refused(error: str) -> DeliverableResult:
+    return DeliverableResult(ok=False, errors=[error])
+
+
+def parse_deliverable(text: str, schema: dict[str, Any] | None) -> DeliverableResult:
     """The deliverable in ``text``: JSON validated against ``schema`` (code fences allowed);
-    without a schema, the text itself."""
+    without a schema, the text itself.
+
+    Everything wrong with the reply comes back as ``ok=False`` with errors to feed back to
+    the model, never as an exception (a retry would fail the same way: issue 10, item 8):
+    not JSON, nested past ``MAX_PAYLOAD_DEPTH``, larger than ``MAX_RESULT_BYTES`` once
+    encoded, or not valid (a pattern that times out is a validation error too, see
+    :mod:`baton.deliverables`). A schema that cannot be applied raises a non-retryable
+    ``invalid_schema`` ApplicationError: that is the step's fault, not the reply's.
+    """
     if schema is None:
+        if json_bytes(text) > MAX_RESULT_BYTES - RESULT_HEADROOM:
+            return _refused(f"the reply is larger than {MAX_RESULT_BYTES} bytes; shorten it")
         return DeliverableResult(ok=True, deliverable=text)
     fenced = _FENCE.match(text)
     raw = fenced.group(1) if fenced else text
     try:
         value = json.loads(raw)
+    except RecursionError:
+        return _refused(f"the reply nests deeper than {MAX_PAYLOAD_DEPTH} levels")
     except ValueError as exc:
-        return DeliverableResult(ok=False, errors=[f"the reply is not JSON: {exc}"])
-    validator = jsonschema.Draft202012Validator(schema)
+        return _refused(f"the reply is not JSON: {str(exc)[:MAX_ERROR_CHARS]}")
+    if nesting_depth(value) > MAX_PAYLOAD_DEPTH:
+        return _refused(f"the reply nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+    if json_bytes(value) > MAX_RESULT_BYTES - RESULT_HEADROOM:
+        return _refused(f"the reply is larger than {MAX_RESULT_BYTES} bytes as JSON; shorten it")
     try:
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-    except Exception as exc:  # referencing.Unresolvable and kin: the schema, not the reply
+        deliverables.check_output_schema(schema)
+        errors = deliverables.deliverable_errors(value, schema)
+    except Exception as exc:  # InvalidSchema, referencing.Unresolvable: the schema, not the reply
+        detail = exc.detail if isinstance(exc, BatonError) else str(exc)
         raise ApplicationError(
-            f"invalid_schema: the output schema cannot be applied: {exc}", non_retryable=True
+            f"invalid_schema: the output schema cannot be applied: {detail}",
+            type="invalid_schema",
+            non_retryable=True,
         ) from exc
     if not errors:
         return DeliverableResult(ok=True, deliverable=value)
     return DeliverableResult(
         ok=False,
         errors=[
-            f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
+            f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"[
+                :MAX_ERROR_CHARS
+            ]
             for e in errors[:MAX_ERRORS]
         ],
     )
@@ -61,7 +97,7 @@ class StepActivities:
         with session_scope(self._engine) as s:
             row = sessions.get_message(s, message_id=inp.message_id)
             text = row.text if row else ""
-        return parse_deliverable(text, inp.output_schema)
+        return ensure_fits(parse_deliverable(text, inp.output_schema), what="deliverable check")
 
     @activity.defn(name="update_step")
     def update_step(self, inp: StepUpdate) -> None:

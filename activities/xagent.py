@@ -22,7 +22,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import cancelled_outcome, store_result, stored_outcome
+from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
 from baton import auth, delegations, permissions, policies, registry, reviews, sessions
 from baton.contracts import (
     AuthorizeInput,
@@ -40,6 +40,7 @@ from baton.contracts import (
 )
 from baton.db import Agent, AgentLivePointer, ReviewRow, SessionRow, session_scope, utcnow
 from baton.errors import BatonError
+from baton.settings import DEV_REVIEW_KEY
 from baton.spec import AgentSpec
 
 #: Longest inline reply an invoke returns to the caller's model (characters).
@@ -94,9 +95,13 @@ def refuse(
 class XAgentActivities:
     """The X-Agent activities, built with the DB engine and a Temporal client."""
 
-    def __init__(self, engine: Engine, client: Client) -> None:
+    def __init__(
+        self, engine: Engine, client: Client, *, review_key: bytes = DEV_REVIEW_KEY
+    ) -> None:
         self._engine = engine
         self._client = client
+        # Verifies the proofs on decisions and signs the worker's own (Settings.review_key).
+        self._review_key = review_key
 
     # --- authorize: ACL, then policy, then (maybe) a review -------------------
 
@@ -176,14 +181,20 @@ class XAgentActivities:
 
         An ``always_allow`` (never for create) saves the policy; every other
         pending review that the new policy now allows is then resolved by
-        signalling its session (seed 003, 'Always Allow').
+        signalling its session (seed 003, 'Always Allow'), with a proof so it
+        is recorded as the policy's doing. Who the decision is recorded as and
+        whether it may save a policy is :func:`baton.reviews.credit` (an
+        unproven decision: ``temporal (unverified)``, no policy in auth mode).
         """
         result, covered = await asyncio.to_thread(self._settle, inp)
         for review_id, session_id in covered:
-            decision = ReviewDecision(
-                review_id=review_id,
-                decision="allow_once",
-                decided_by=f"policy (always_allow on {inp.review_id})",
+            decision = reviews.prove(
+                self._review_key,
+                ReviewDecision(
+                    review_id=review_id,
+                    decision="allow_once",
+                    decided_by=f"policy (always_allow on {inp.review_id})",
+                ),
             )
             try:
                 await self._client.get_workflow_handle(session_id).signal(
@@ -200,12 +211,18 @@ class XAgentActivities:
             row = reviews.get_review(s, review_id=inp.review_id)
             if row.status == "pending":
                 d = inp.decision
+                credited = reviews.credit(self._review_key, d, auth=inp.auth) if d else None
                 row.status = inp.outcome
-                row.decision = d.decision if d else None
-                row.decided_by = d.decided_by if d else "timeout"
+                row.decision = credited.decision if credited else None
+                row.decided_by = credited.decided_by if credited else "timeout"
                 row.decision_id = d.decision_id if d else None
                 row.decided_at = utcnow()
-                if d is not None and d.decision == "always_allow" and row.operation != "create":
+                if (
+                    d is not None
+                    and credited is not None
+                    and credited.decision == "always_allow"
+                    and row.operation != "create"
+                ):
                     scope = "all" if row.operation == "list" else (d.scope or "target")
                     target = None if scope == "all" else row.target_agent_slug
                     # An agent deleted while the review waited gets no policy: a later agent
@@ -222,7 +239,7 @@ class XAgentActivities:
                             decision="allow",
                         )
                 s.add(row)
-                reason = f"no decision within {inp.timeout_s:g} s" if d is None else d.decision
+                reason = credited.reason if credited else f"no decision within {inp.timeout_s:g} s"
                 reviews.add_audit(
                     s,
                     session_id=row.session_id,
@@ -307,7 +324,8 @@ class XAgentActivities:
         """
         if inp.tool.call.name == "get_agent_session_transcript":
             await self._wait_for_turn(inp)
-        return await asyncio.to_thread(self._xagent_tool, inp)
+        async with heartbeating():  # a lost worker's call is retried after the heartbeat timeout
+            return await asyncio.to_thread(self._xagent_tool, inp)
 
     def _xagent_tool(self, inp: XAgentCall) -> ToolOutcome:
         tool = inp.tool

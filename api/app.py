@@ -16,14 +16,21 @@ from fastapi.openapi.utils import get_openapi
 from temporalio.client import Client
 
 from api.mcp import MountedMCP
-from api.problems import PROBLEM_JSON, install_problem_handlers, problem_response
+from api.problems import (
+    PROBLEM_JSON,
+    document_common_problems,
+    install_problem_handlers,
+    problem_response,
+)
 from api.routers import agents, reviews, sessions, steps, teams
-from baton.db import init_db, make_engine
+from baton.db import make_engine
+from baton.migrate import require_current
 from baton.settings import Settings, get_settings
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """OpenAPI with 422s documented as problem+json (FastAPI's default shape is not ours)."""
+    """OpenAPI with 422s documented as problem+json (FastAPI's default shape is not ours),
+    and the 400/401/403 problems every route can give (:func:`document_common_problems`)."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
@@ -37,6 +44,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                     "description": "Malformed request (problem+json naming the field)",
                     "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
                 }
+    document_common_problems(schema)
     components = schema.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
@@ -58,8 +66,9 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cfg = settings or get_settings()
+        cfg.review_key()  # auth mode without BATON_REVIEW_SECRET: refuse to start, clearly
         engine = make_engine(cfg.database_url)
-        init_db(engine)
+        require_current(engine)  # refuse a database behind the code (issue 11)
         app.state.settings = cfg
         app.state.engine = engine
         app.state.temporal = temporal

@@ -130,3 +130,50 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {"model": Problem, "content": {PROBLEM_JSON: {}}, "description": "Problem"}
         for status in statuses
     }
+
+
+def _problem_entry(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+#: What every /v1 route can answer besides its own problems (issue 10, item 11): the
+#: caller's identity (auth mode), the caller's rights on a named resource or on the
+#: organisation (auth mode), and a body FastAPI cannot read at all.
+UNAUTHORIZED = "Auth mode: no or an unknown bearer token (`unauthorized`)"
+FORBIDDEN = (
+    "Auth mode: the caller lacks the role this needs on the agent, session, step, review "
+    "or team it names (`forbidden`), or the setting is organisation-wide (`admin_only`)"
+)
+MALFORMED_BODY = (
+    "The body cannot be read: not UTF-8, or nested past the JSON parser's limit (`malformed_body`)"
+)
+
+
+def document_common_problems(schema: dict[str, Any]) -> None:
+    """Add to an OpenAPI document the problem responses no route declares itself.
+
+    Every ``/v1`` operation: 401 (``get_caller`` runs on all of them). Every ``/v1``
+    operation that names a resource (a path parameter) or takes a body: 403 (the ACL of
+    seed 003 / DESIGN §8, or ``admin_only``). Every operation with a request body: 400
+    ``malformed_body`` (FastAPI's own answer to an unreadable body; a 400 a route
+    already documents, such as an invalid spec, gets this added to its description).
+    Lists and GET /v1/balance filter instead of refusing, so they get no 403.
+    """
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            has_body = "requestBody" in operation
+            if has_body:
+                if "400" in responses:
+                    responses["400"]["description"] += f"; or: {MALFORMED_BODY}"
+                else:
+                    responses["400"] = _problem_entry(MALFORMED_BODY)
+            if not path.startswith("/v1/"):
+                continue
+            responses.setdefault("401", _problem_entry(UNAUTHORIZED))
+            names_resource = any(p.get("in") == "path" for p in operation.get("parameters", []))
+            if names_resource or has_body:
+                responses.setdefault("403", _problem_entry(FORBIDDEN))

@@ -111,9 +111,14 @@ def api(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
 ) -> None:
-    """Serve the HTTP API (uvicorn)."""
+    """Serve the HTTP API (uvicorn). Refuses a database behind the code (`baton db upgrade`)."""
     import uvicorn
 
+    from baton.settings import get_settings
+
+    with _errors():
+        get_settings().review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
+        _require_schema(get_settings())
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port)
 
 
@@ -216,10 +221,13 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 def worker() -> None:
     """Run a worker for BATON_TASK_QUEUE against BATON_TEMPORAL_ADDRESS until Ctrl-C."""
     from baton.settings import get_settings
-    from worker.stack import run_services
 
     with _errors():
         settings = get_settings()
+        settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
+        _require_schema(settings)
+    from worker.stack import run_services  # heavy (workflows, models): after the checks
+
     console.print(
         f"worker on task queue [bold]{settings.task_queue}[/] at {settings.temporal_address}"
     )
@@ -242,6 +250,114 @@ def setup() -> None:
     console.print(f"search attributes added: {', '.join(added) or 'none (all present)'}")
 
 
+# --- db: schema migrations (Alembic; issue 11) ---------------------------------
+
+db_app = typer.Typer(help="The database schema: Alembic migrations (see deploy/README.md).")
+app.add_typer(db_app, name="db")
+
+
+def _require_schema(settings: Settings) -> None:
+    """Raise SchemaOutOfDate (one line via ``_errors``) when the database is behind the code."""
+    from baton.db import make_engine
+    from baton.migrate import require_current
+
+    engine = make_engine(settings.database_url)
+    try:
+        require_current(engine)
+    finally:
+        engine.dispose()
+
+
+def _upgrade(settings: Settings, *, revision: str = "head", quiet: bool = False) -> None:
+    """Migrate the configured database to ``revision``; ``quiet`` prints only a change."""
+    from baton import migrate
+    from baton.db import make_engine
+
+    engine = make_engine(settings.database_url)
+    try:
+        state = migrate.schema_state(engine)
+        before, after = migrate.upgrade(engine, revision)
+    finally:
+        engine.dispose()
+    if before != after:
+        console.print(f"{state.describe()}: upgraded to {after}", soft_wrap=True, highlight=False)
+    elif not quiet:
+        console.print(f"{state.describe()}: nothing to do", soft_wrap=True, highlight=False)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[
+        str, typer.Argument(help="Target revision (default: the newest).")
+    ] = "head",
+) -> None:
+    """Migrate BATON_DATABASE_URL to the newest schema (idempotent; run it before a rollout).
+
+    A database made before migrations existed is checked and adopted first.
+    """
+    from baton.settings import get_settings
+
+    with _errors():
+        _upgrade(get_settings(), revision=revision)
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the database's schema revision and whether it is the one this Baton needs."""
+    from baton import migrate
+    from baton.db import make_engine
+    from baton.settings import get_settings
+
+    with _errors():
+        engine = make_engine(get_settings().database_url)
+        try:
+            state = migrate.schema_state(engine)
+        finally:
+            engine.dispose()
+    hint = "" if state.up_to_date or state.unknown else f": {migrate.UPGRADE_HINT}"
+    console.print(state.describe() + hint, soft_wrap=True, highlight=False)
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[
+        str, typer.Argument(help="Target: a revision id, base (empty), or `-- -1` (one back).")
+    ],
+) -> None:
+    """Migrate BATON_DATABASE_URL back to REVISION (stop every API and worker first)."""
+    from baton import migrate
+    from baton.db import make_engine
+    from baton.settings import get_settings
+
+    with _errors():
+        engine = make_engine(get_settings().database_url)
+        try:
+            before, after = migrate.downgrade(engine, revision)
+        finally:
+            engine.dispose()
+    console.print(f"downgraded {before} → {after or 'base (no schema)'}", highlight=False)
+
+
+@db_app.command("history")
+def db_history() -> None:
+    """List the revisions this Baton ships, newest first."""
+    from baton import migrate
+
+    for script in migrate.history():
+        console.print(f"[bold]{script.revision}[/] {escape(script.doc)}", highlight=False)
+
+
+@db_app.command("revision")
+def db_revision(
+    message: Annotated[str, typer.Option("--message", "-m", help="What the change is.")],
+) -> None:
+    """Write the next revision, autogenerated from the models (for developers; review it)."""
+    from baton import migrate
+
+    path = migrate.new_revision(message)
+    console.print(f"wrote {path}", soft_wrap=True, highlight=False)
+
+
 @app.command()
 def dev(
     port: Annotated[int, typer.Option(help="API port.")] = 8000,
@@ -254,6 +370,7 @@ def dev(
 
     with _errors():
         settings = get_settings()
+        settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
     lock = StateLock(STATE_DIR)
     if not lock.acquire():
         err_console.print(
@@ -264,6 +381,8 @@ def dev(
     if not port_free(port):
         err_console.print(f"[bold red]error[/] API port {port} is already in use (--port)")
         raise typer.Exit(1)
+    with _errors():
+        _upgrade(settings, quiet=True)
     with embedded_temporal(
         settings, port=temporal_port, ui_port=ui_port, db_file=STATE_DIR / "temporal.db"
     ) as cfg:
@@ -454,6 +573,7 @@ def demo(
 
     with _errors():
         settings = get_settings()
+        settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
     lock = StateLock(STATE_DIR)
     why_in_memory = (
         "another stack owns .baton/"
@@ -470,6 +590,7 @@ def demo(
         settings = settings.model_copy(update={"database_url": f"sqlite:///{scratch}/baton.db"})
         db_file = None
     with _errors():
+        _upgrade(settings, quiet=True)
         _apply(file, settings)
     with embedded_temporal(
         settings, port=pick_port(7233), ui_port=pick_port(8233), db_file=db_file
@@ -851,11 +972,11 @@ def balance_set(
     from baton.errors import InvalidBalance
 
     try:
-        body = metering.BalancePublic.model_validate(
-            {"balance": None if amount == "unlimited" else amount}
+        body = metering.BalanceUpdate.model_validate(
+            {"balance": None if amount == "unlimited" else float(amount)}
         )
-    except ValidationError as exc:
-        msg = f"amount must be a finite number of USD or `unlimited`, not {amount!r}"
+    except (ValidationError, ValueError) as exc:
+        msg = f"amount must be a finite, non-negative number of USD or `unlimited`, not {amount!r}"
         raise _fail(InvalidBalance(msg, path="amount")) from exc
     with _db() as s:
         metering.set_balance(s, amount=body.balance)

@@ -228,7 +228,11 @@ class SessionConfig(BaseModel):
         description="Tool calls of one model reply that run; each further one is refused.",
     )
     model_turn_timeout_s: float = 600.0
-    heartbeat_timeout_s: float = 30.0
+    heartbeat_timeout_s: float = Field(
+        default=5.0,
+        description="Heartbeat timeout of long activities (model calls, tools, delegations): "
+        "how soon a lost worker's activity is retried elsewhere; they beat at half of it.",
+    )
     review_timeout_s: float = 300.0
     max_delegation_depth: int = 3
     delegation_timeout_s: float = Field(
@@ -247,6 +251,31 @@ class SessionConfig(BaseModel):
     continue_as_new_after_turns: int | None = Field(
         default=None,
         description="Also continue-as-new after this many turns (None = when suggested).",
+    )
+    # Issue 10 item 10: recovery after a worker loss. Timeouts travel in the input
+    # (workflows cannot read settings); a run keeps the values it was started with.
+    store_timeout_s: float = Field(
+        default=10.0,
+        description="Start-to-close of DB-only activities (a lost worker costs this much).",
+    )
+    tool_timeout_s: float = Field(
+        default=60.0, description="Start-to-close of an ordinary tool or X-Agent tool call."
+    )
+    model_attempts: int = Field(
+        default=20,
+        description="Attempts one model call may take, worker losses included (Temporal's "
+        "maximum_attempts); provider failures are counted apart (model_provider_failures).",
+    )
+    model_provider_failures: int = Field(
+        default=6,
+        description="Retryable provider failures (5xx, 429, connection) after which a model "
+        "call fails for good; a lost worker (heartbeat/start-to-close timeout) is not one.",
+    )
+    # Issue 10 item 6: token_budget reservations.
+    max_output_tokens: int = Field(
+        default=4096,
+        description="Under a token_budget: the most output tokens one model call may "
+        "reserve (its max_tokens; also capped to what the budget has left).",
     )
 
 
@@ -288,6 +317,15 @@ class TeamSnapshot(BaseModel):
         return [m for m in self.members if m.role == "specialist"]
 
 
+# Issue 10, item 9: bounds of the review memory SessionInput carries (LateDecision below).
+#: Decisions a session keeps for reviews that already had their outcome or that it does
+#: not know (the newest; reported by Query ``late_decisions``).
+MAX_LATE_DECISIONS = 50
+#: Settled review ids a session remembers, to tell a decision that came too late from one
+#: naming a review it never had; older ids read as ``unknown_review``.
+MAX_SETTLED_REVIEWS = 200
+
+
 class SessionInput(BaseModel):
     """SessionWorkflow input. ``agent`` and ``turn`` are carried across continue-as-new."""
 
@@ -302,6 +340,17 @@ class SessionInput(BaseModel):
     turn: int = 0
     team: TeamSnapshot | None = Field(
         default=None, description="Team run: the team, members pinned at launch."
+    )
+    late_decisions: list[LateDecision] = Field(
+        default_factory=list,
+        max_length=MAX_LATE_DECISIONS,
+        description="Carried across continue-as-new: the newest decisions that changed nothing.",
+    )
+    settled_reviews: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_SETTLED_REVIEWS,
+        description="Carried across continue-as-new: ids of the newest reviews this session "
+        "settled, oldest first (a later decision for one is too_late, not unknown_review).",
     )
 
 
@@ -373,6 +422,14 @@ class ModelTurnInput(BaseModel):
         default_factory=dict, description="BATON_PRICES: USD per million input/output tokens."
     )
     token_budget: int | None = Field(default=None, description="The run's token budget.")
+    max_output_tokens: int = Field(
+        default=4096,
+        description="Under a token budget: the most output tokens this call may reserve.",
+    )
+    provider_failures: int = Field(
+        default=6,
+        description="Retryable provider failures after which the call fails for good.",
+    )
 
 
 class ModelTurnResult(BaseModel):
@@ -655,6 +712,12 @@ class ReviewDecision(BaseModel):
     scope: Literal["target", "all"] | None = None
     decided_by: SafeText = Field(default="temporal-cli", min_length=1, max_length=200)
     decision_id: str | None = Field(default=None, max_length=80)
+    proof: str | None = Field(
+        default=None,
+        max_length=128,
+        description="HMAC-SHA256 (hex) the API or the worker adds (baton.reviews.prove); "
+        "a decision without a valid one is recorded as 'temporal (unverified)'.",
+    )
 
 
 class AuthorizeInput(BaseModel):
@@ -689,6 +752,9 @@ class SettleInput(BaseModel):
     outcome: ReviewOutcome
     decision: ReviewDecision | None = None
     timeout_s: float = 300.0
+    auth: bool = Field(
+        default=False, description="Auth mode: an unproven decision never saves a policy."
+    )
 
 
 class SettleResult(BaseModel):
@@ -803,6 +869,9 @@ class StepRetry(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        # POST /v1/steps takes it as is: `true` or `"3"` is refused, never coerced (issue 10,
+        # item 11). Decoding old histories is unaffected: JSON numbers stay numbers.
+        strict=True,
         json_schema_extra={
             "examples": [{"max_attempts": 3, "initial_interval_s": 1.0, "backoff_coefficient": 2.0}]
         },
@@ -868,6 +937,25 @@ class DeliverableResult(BaseModel):
     ok: bool
     deliverable: Any = None
     errors: list[str] = Field(default_factory=list)
+
+
+# --- Issue 10, item 9: late decisions, carried across continue-as-new -----------------
+
+
+class LateDecision(BaseModel):
+    """A ``review_decision`` Signal that changed nothing (Query ``late_decisions``).
+
+    ``too_late``: the review had its outcome (a decision or the timeout) already;
+    ``unknown_review``: no review of this session has that id (or it was settled
+    more than :data:`MAX_SETTLED_REVIEWS` reviews ago).
+    """
+
+    review_id: str = Field(max_length=80)
+    decision: Decision
+    reason: Literal["too_late", "unknown_review"]
+
+
+SessionInput.model_rebuild()
 
 
 # --- Agents outside Baton: external sessions over MCP (issue 13, DESIGN §11) ----------

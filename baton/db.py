@@ -399,6 +399,30 @@ class ProxyTokenRow(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class TokenReservationRow(SQLModel, table=True):
+    """What one model call under a run's ``token_budget`` may spend (issue 10, item 6).
+
+    Keyed by the assistant message id the workflow chose, so a retried call reuses its
+    reservation; settled (``settled_at``, ``actual_tokens``) in the transaction that
+    meters the call, released when the session's turn fails or the session closes.
+    Unsettled rows count against the budget; settled ones keep the estimate beside the
+    actual usage (the documented overshoot bound is read from them).
+    """
+
+    __tablename__ = "token_reservations"
+
+    message_id: str = Field(primary_key=True, max_length=160)
+    root_session_id: str = Field(index=True, max_length=80)
+    session_id: str = Field(index=True, max_length=80)
+    input_estimate: int = 0
+    max_tokens: int = 0
+    reserved: int = 0
+    actual_tokens: int | None = None
+    actual_input_tokens: int | None = None
+    created_at: datetime = _ts()
+    settled_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; for a SQLite file, its folder is created.
 
@@ -428,8 +452,21 @@ def make_engine(database_url: str) -> Engine:
 
 
 def init_db(engine: Engine) -> None:
-    """Create missing tables (idempotent)."""
-    SQLModel.metadata.create_all(engine)
+    """Give an empty database Baton's schema at the newest revision; accept a current one.
+
+    For the CLI's database commands (``apply``, ``show``, ``users``, …) and tests:
+    an empty database (a fresh SQLite file) is migrated to head with Alembic, as
+    ``baton db upgrade`` would; an existing one is never changed here and must
+    already be at head. Raises :class:`baton.migrate.SchemaOutOfDate` (naming
+    ``baton db upgrade``) otherwise (issue 11: only ``baton db upgrade``,
+    ``baton dev`` and ``baton demo`` migrate an existing database).
+    """
+    from baton import migrate
+
+    if migrate.schema_state(engine).empty:
+        migrate.upgrade(engine)
+    else:
+        migrate.require_current(engine)
 
 
 RowT = TypeVar("RowT", bound=SQLModel)

@@ -13,10 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
+from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
 from baton import sessions
-from baton.db import DelegationRow, MessageRow, SessionRow, utcnow
+from baton.db import DelegationRow, MessageRow, SessionRow, TokenReservationRow, utcnow
 
 PREVIEW_CHARS = 300
 #: Cached delegation context per child session: (root, delegation id, target slug).
@@ -161,6 +162,138 @@ def run_tokens(session: Session, *, root_session_id: str) -> int:
         ).where(col(SessionRow.id).in_(ids))
     ).one()
     return int(total)
+
+
+class BudgetExhausted(Exception):
+    """The run's ``token_budget`` has no room for what was asked (``limit_exceeded``);
+    ``str()`` says what was used, reserved and asked, for the model to read."""
+
+
+def reserved_tokens(session: Session, *, root_session_id: str, excluding: str | None = None) -> int:
+    """Tokens reserved by the run's model calls in flight (unsettled reservations),
+    ``excluding`` one call's own (its retry must not count itself)."""
+    conditions: list[ColumnElement[bool]] = [
+        col(TokenReservationRow.root_session_id) == root_session_id,
+        col(TokenReservationRow.settled_at).is_(None),
+    ]
+    if excluding is not None:
+        conditions.append(col(TokenReservationRow.message_id) != excluding)
+    total = session.exec(
+        select(func.coalesce(func.sum(TokenReservationRow.reserved), 0)).where(*conditions)
+    ).one()
+    return int(total)
+
+
+def admit_tokens(
+    session: Session,
+    *,
+    root_session_id: str,
+    token_budget: int,
+    need: int = 0,
+    excluding: str | None = None,
+) -> int:
+    """The run's ``token_budget`` rule, for every path that may spend (seed 004 'limits',
+    enforced; issue 10 item 6): a new delegation (``need`` 0) and a new model call
+    (``need`` = its input estimate) are admitted only while
+    ``used + reserved + need < token_budget``, so a model call always has room for at
+    least one output token. Returns what is left, ``token_budget - used - reserved``.
+
+    ``used`` counts every session of the run (:func:`run_tokens`), ``reserved`` the
+    model calls in flight (:func:`reserved_tokens`). Raises BudgetExhausted. A caller
+    that admits and then reserves or records must hold :func:`lock_run` throughout.
+    """
+    used = run_tokens(session, root_session_id=root_session_id)
+    reserved = reserved_tokens(session, root_session_id=root_session_id, excluding=excluding)
+    if used + reserved + need < token_budget:
+        return token_budget - used - reserved
+    detail = f"this run used {used} tokens"
+    if reserved:
+        detail += f" (and model calls in flight reserve {reserved} more)"
+    detail += f" of its token_budget {token_budget}"
+    if need and used + reserved < token_budget:
+        detail += f"; this model call's input alone is about {need} tokens"
+    raise BudgetExhausted(detail)
+
+
+def reserve_tokens(
+    session: Session,
+    *,
+    root_session_id: str,
+    session_id: str,
+    message_id: str,
+    token_budget: int,
+    input_estimate: int,
+    max_output: int,
+) -> int:
+    """Admit one model call under the run's ``token_budget`` and reserve what it may
+    spend: ``input_estimate + max_tokens``, with ``max_tokens = min(max_output, left -
+    input_estimate)`` (``left`` from :func:`admit_tokens`). Returns ``max_tokens`` (≥ 1).
+
+    Keyed by ``message_id`` (the reply's id, chosen by the workflow): a retried call
+    (a worker lost mid-call) gets its reservation back unchanged. A session runs one
+    model call at a time, so any other open reservation of ``session_id`` belongs to a
+    call that will never settle and is released here. Takes the run's lock. Raises
+    BudgetExhausted.
+    """
+    lock_run(session, root_session_id=root_session_id)
+    row = session.get(TokenReservationRow, message_id)
+    if row is not None and row.settled_at is None:
+        return row.max_tokens
+    release_tokens(session, session_id=session_id, excluding=message_id)
+    left = admit_tokens(
+        session,
+        root_session_id=root_session_id,
+        token_budget=token_budget,
+        need=input_estimate,
+        excluding=message_id,
+    )
+    max_tokens = min(max_output, left - input_estimate)
+    row = row or TokenReservationRow(
+        message_id=message_id, root_session_id=root_session_id, session_id=session_id
+    )
+    row.input_estimate = input_estimate
+    row.max_tokens = max_tokens
+    row.reserved = input_estimate + max_tokens
+    row.actual_tokens = row.actual_input_tokens = row.settled_at = None
+    row.created_at = utcnow()
+    session.add(row)
+    session.flush()
+    return max_tokens
+
+
+def release_tokens(session: Session, *, session_id: str, excluding: str | None = None) -> int:
+    """Release ``session_id``'s open reservations (its turn failed or it closed: the call
+    will never be metered). Returns how many. Idempotent."""
+    conditions: list[ColumnElement[bool]] = [
+        col(TokenReservationRow.session_id) == session_id,
+        col(TokenReservationRow.settled_at).is_(None),
+    ]
+    if excluding is not None:
+        conditions.append(col(TokenReservationRow.message_id) != excluding)
+    rows = session.exec(select(TokenReservationRow).where(*conditions)).all()
+    now = utcnow()
+    for row in rows:
+        row.settled_at = now
+        session.add(row)
+    session.flush()
+    return len(rows)
+
+
+def settle_tokens(
+    session: Session, *, message_id: str, input_tokens: int, output_tokens: int
+) -> None:
+    """Settle a model call's reservation to what it used, in the transaction that meters it
+    (:func:`baton.metering.record`), under the run's lock so an admission never sees
+    the tokens neither reserved nor used. No reservation (no budget): nothing to do."""
+    row = session.get(TokenReservationRow, message_id)
+    if row is None or row.settled_at is not None:
+        return
+    lock_run(session, root_session_id=row.root_session_id)
+    row.actual_input_tokens = input_tokens
+    row.actual_tokens = input_tokens + output_tokens
+    row.settled_at = utcnow()
+    session.add(row)
+    session.flush()
 
 
 def run_spawns(session: Session, *, root_session_id: str) -> int:

@@ -23,11 +23,15 @@ from sqlalchemy import update as sa_update
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
+from baton import delegations
 from baton.db import BalanceRow, UsageRow, utcnow
 
 #: Characters per token when a stream's output must be estimated before the provider
 #: reports usage (cutting a stream cannot wait for the final count).
 CHARS_PER_TOKEN = 4
+#: Input tokens a request costs beyond its text (roles, framing): pydantic-ai's own
+#: estimate for OpenAI and Gemini calls, and what its offline test models meter as input.
+REQUEST_OVERHEAD_TOKENS = 50
 
 
 class BalancePublic(BaseModel):
@@ -37,6 +41,23 @@ class BalancePublic(BaseModel):
 
     balance: float | None = Field(
         ge=-1e12, le=1e12, allow_inf_nan=False, description="USD; null = unlimited (required)."
+    )
+
+
+class BalanceUpdate(BaseModel):
+    """``PUT /v1/balance`` and ``baton balance set``: a non-negative number of USD, or null
+    = unlimited.
+
+    Strict: ``false`` (which pydantic reads as 0.0 and so stops every model call),
+    ``true`` and ``"5"`` are refused, and so is a negative amount (issue 10, item 11).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [{"balance": 25.0}]}
+    )
+
+    balance: float | None = Field(
+        ge=0, le=1e12, allow_inf_nan=False, description="USD; null = unlimited (required)."
     )
 
 
@@ -120,10 +141,15 @@ def record(
     """Meter one model call once (keyed by its message id) and charge the balance.
 
     Returns whether it was recorded now (False: a retry found it). The balance
-    update is one atomic ``UPDATE … SET amount = amount - cost``.
+    update is one atomic ``UPDATE … SET amount = amount - cost``; the call's
+    token_budget reservation is settled to these tokens in the same transaction.
     """
     if session.exec(select(UsageRow.id).where(UsageRow.message_id == message_id)).first():
         return False
+    # The call's token_budget reservation becomes its usage in this same transaction.
+    delegations.settle_tokens(
+        session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
+    )
     now = utcnow()
     session.add(
         UsageRow(

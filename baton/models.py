@@ -16,6 +16,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+# FunctionModel meters a streamed reply with this estimate: the scripted model counts
+# its max_tokens the same way, so the cap holds on the metered usage exactly.
+from pydantic_ai._utils import estimate_string_tokens
 from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import (
     ModelMessage,
@@ -58,9 +61,12 @@ def last_message_text(messages: list[ModelMessage], *, labelled: bool = True) ->
     return ""
 
 
+FILL = "{last_message}"
+
+
 def _fill(value: Any, last: str) -> Any:
     if isinstance(value, str):
-        return value.replace("{last_message}", last)
+        return value.replace(FILL, last)
     if isinstance(value, dict):
         return {k: _fill(v, last) for k, v in value.items()}
     if isinstance(value, list):
@@ -68,9 +74,32 @@ def _fill(value: Any, last: str) -> Any:
     return value
 
 
+def _fills(value: Any) -> int:
+    if isinstance(value, str):
+        return value.count(FILL)
+    if isinstance(value, dict):
+        return sum(_fills(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_fills(v) for v in value)
+    return 0
+
+
+def fill(value: Any, last: str, *, budget: int) -> Any:
+    """``value`` with every ``{last_message}`` replaced by the start of ``last``, so that all
+    the fills together put at most ``budget`` characters of ``last`` into it.
+
+    Bounds what the fills expand to, not each fill: a rule repeating ``{last_message}``
+    a thousand times gets ``budget // 1000`` characters per fill (issue 10, item 8: tool
+    arguments filled past Temporal's payload limit).
+    """
+    count = _fills(value)
+    return _fill(value, last[: budget // count]) if count else value
+
+
 #: Time all of a playbook's patterns may take for one model call (seconds).
 MATCH_BUDGET_S = 0.25
-#: How much of the last message ``{last_message}`` puts into tool-call arguments.
+#: How much of the last message ``{last_message}`` puts into one tool call's arguments, all
+#: its fills together (a reply's fills together put at most ``MAX_PROMPT_CHARS``).
 MAX_ARG_FILL_CHARS = 2_000
 
 
@@ -91,33 +120,56 @@ def scripted_model(playbook: list[dict[str, Any]] | None, *, agent_slug: str) ->
 
     Deterministic: the same transcript always gives the same reply, streamed
     word by word (``chunk_delay_ms`` apart), then the rule's tool calls. With no
-    matching rule it answers ``[<slug>] received: <last message>``.
+    matching rule it answers ``[<slug>] received: <last message>``. ``max_tokens`` in
+    the model settings caps the metered output (the reply stops, calls that do not
+    fit are dropped), as a provider's does.
     """
     rules = [PlaybookRule.model_validate(r) for r in playbook or []]
 
-    async def stream(messages: list[ModelMessage], _info: AgentInfo) -> AsyncIterator[Any]:
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
         last = last_message_text(messages)
         raw = last_message_text(messages, labelled=False)
         # Off the event loop: a slow pattern must not stall the worker's other work.
         rule = await asyncio.to_thread(_select, rules, last)
-        reply = _fill(rule.reply, raw) if rule else f"[{agent_slug}] received: {last[:500]}"
+        reply = (
+            fill(rule.reply, raw, budget=MAX_PROMPT_CHARS)
+            if rule
+            else f"[{agent_slug}] received: {last[:500]}"
+        )
         reply = (reply or "")[:MAX_PROMPT_CHARS]  # {last_message} may repeat a long message
         delay = (rule.chunk_delay_ms if rule else 0) / 1000
+        # max_tokens (a token_budget reservation) caps the reply as a provider would: the
+        # output stops there, and tool calls that no longer fit are dropped. Counted the
+        # way FunctionModel meters a stream, so the metered output never exceeds it.
+        room = (info.model_settings or {}).get("max_tokens")
+        said = False
         for word in re.findall(r"\S+\s*", reply or ""):
+            if room is not None:
+                room -= estimate_string_tokens(word)
+                if room < 0:
+                    break
             if delay:
                 await asyncio.sleep(delay)
+            said = True
             yield word
+        if room is not None and room < 0:
+            if not said:
+                yield ""  # a stream must yield something; empty text meters 0 tokens
+            return
         if rule and rule.tool_calls:
             step = sum(isinstance(m, ModelResponse) for m in messages)
-            calls: DeltaToolCalls = {
-                i: DeltaToolCall(
-                    name=call.tool,
-                    json_args=json.dumps(_fill(call.args, raw[:MAX_ARG_FILL_CHARS])),
-                    tool_call_id=f"call_{step}_{i}",
+            calls: DeltaToolCalls = {}
+            for i, call in enumerate(rule.tool_calls):
+                args = json.dumps(fill(call.args, raw, budget=MAX_ARG_FILL_CHARS))
+                if room is not None:
+                    room -= estimate_string_tokens(args)
+                    if room < 0:
+                        break
+                calls[i] = DeltaToolCall(
+                    name=call.tool, json_args=args, tool_call_id=f"call_{step}_{i}"
                 )
-                for i, call in enumerate(rule.tool_calls)
-            }
-            yield calls
+            if calls:
+                yield calls
 
     return FunctionModel(stream_function=stream, model_name=f"{SCRIPTED}:{agent_slug}")
 

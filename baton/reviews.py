@@ -3,10 +3,20 @@
 A review row is opened by the ``authorize`` activity and settled exactly once
 by ``settle_review`` with the outcome the workflow chose (decision or timeout).
 Every settled review and every block gets an audit row.
+
+Decisions are proven (issue 10, item 5): the API (and so ``baton reviews``) and
+the worker's policy auto-resolution sign each decision with :func:`prove`; the
+``settle_review`` activity credits it with :func:`credit`. A raw Temporal Signal
+has no valid proof: it is recorded as :data:`UNVERIFIED`, may allow once or
+deny, and never saves a policy in auth mode.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -14,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from baton.contracts import Decision, ReviewDecision
 from baton.db import AuditRow, ReviewRow, page, utcnow
 from baton.errors import Conflict, NotFound
 
@@ -307,3 +318,73 @@ def list_audit(
     return page(
         session, AuditRow, where=conditions, order_by=newest_first, limit=limit, offset=offset
     )
+
+
+# --- proofs of decisions (issue 10, item 5) --------------------------------------------
+
+#: ``decided_by`` of a decision without a valid proof: a raw ``temporal workflow signal``.
+UNVERIFIED = "temporal (unverified)"
+#: Domain tag of the signed message: a proof made for anything else never verifies here.
+_PROOF_TAG = "baton.review_decision.v1"
+_DEFAULT_DECIDER = ReviewDecision.model_fields["decided_by"].default
+
+
+def decision_proof(key: bytes, decision: ReviewDecision) -> str:
+    """HMAC-SHA256 (64 hex characters) over what a decision claims.
+
+    Signed: review id, decision, scope, decided_by and decision_id (None
+    included), as one JSON array so no two claims share a message. ``key`` is
+    :meth:`baton.settings.Settings.review_key`.
+    """
+    d = decision
+    claims = [_PROOF_TAG, d.review_id, d.decision, d.scope, d.decided_by, d.decision_id]
+    message = json.dumps(claims, ensure_ascii=False, separators=(",", ":")).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def prove(key: bytes, decision: ReviewDecision) -> ReviewDecision:
+    """``decision`` with its proof: what the API and the worker send."""
+    return decision.model_copy(update={"proof": decision_proof(key, decision)})
+
+
+def is_proven(key: bytes, decision: ReviewDecision) -> bool:
+    """Whether ``decision`` carries the proof ``key`` makes for exactly these claims."""
+    if decision.proof is None:
+        return False
+    return hmac.compare_digest(decision.proof, decision_proof(key, decision))
+
+
+@dataclass(frozen=True)
+class Credited:
+    """What a decision is credited with: the decision applied (an unproven
+    always_allow in auth mode becomes allow_once), who is recorded, and the audit reason."""
+
+    decision: Decision
+    decided_by: str
+    proven: bool
+    reason: str
+
+
+def credit(key: bytes, decision: ReviewDecision, *, auth: bool) -> Credited:
+    """The one rule for who a decision is recorded as and what it may do (issue 10, item 5).
+
+    Proven: as claimed. Unproven: ``decided_by`` is :data:`UNVERIFIED` (the claimed
+    name goes to the audit reason, marked as a claim); with ``auth`` an
+    always_allow is applied as allow_once, since saving a policy is an owner's
+    edit and a raw Signal proves no owner. Outside auth mode an unproven
+    always_allow still saves its policy (any API caller could, too).
+    """
+    if is_proven(key, decision):
+        return Credited(decision.decision, decision.decided_by, True, decision.decision)
+    claimed = decision.decided_by
+    claim = f", claimed decided_by {claimed!r}" if claimed != _DEFAULT_DECIDER else ""
+    applied: Decision = decision.decision
+    if auth and decision.decision == "always_allow":
+        applied = "allow_once"
+        reason = (
+            f"always_allow from an unverified Temporal Signal{claim}, applied as allow_once: "
+            "in auth mode only a decision proven by the API saves a policy"
+        )
+    else:
+        reason = f"{decision.decision} from an unverified Temporal Signal{claim}"
+    return Credited(applied, UNVERIFIED, False, reason)

@@ -16,8 +16,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
 from baton.contracts import SessionConfig
+from baton.errors import InvalidSettings
 
 DEFAULT_DATABASE_URL = "sqlite:///./.baton/baton.db"
+#: Shortest accepted BATON_REVIEW_SECRET (characters): 32 random URL-safe characters
+#: carry about 190 bits, beyond guessing; shorter values are likely placeholders.
+MIN_REVIEW_SECRET = 32
+#: Proof key when BATON_REVIEW_SECRET is unset and auth is off. Public on purpose: a
+#: proof made with it only tells a decision that came through the API from one typed at
+#: the Temporal CLI; it authenticates nobody (outside auth mode nobody is authenticated).
+DEV_REVIEW_KEY = b"baton review proofs: public development key, set BATON_REVIEW_SECRET"
 
 
 class Settings(BaseSettings):
@@ -104,6 +112,73 @@ class Settings(BaseSettings):
         description="Default model as pydantic-ai names it (e.g. openai:gpt-4o-mini); "
         "unset = the offline scripted model.",
     )
+    # Issue 10, item 5: review decisions delivered by the API carry a proof (HMAC) keyed
+    # with this secret; the worker's settle_review verifies it. Checked by review_key().
+    review_secret: SecretStr | None = Field(
+        default=None,
+        description="Key of the proofs on review decisions (HMAC-SHA256), at least "
+        f"{MIN_REVIEW_SECRET} characters, the same on every API replica and worker; "
+        "required with BATON_AUTH=on.",
+    )
+    # Issue 11: named by deploy/ (terminationGracePeriodSeconds, stop_grace_period); the
+    # worker's SIGTERM drain that reads it is helper E's item (same name and default).
+    worker_graceful_shutdown_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a worker given SIGTERM lets in-flight activities finish.",
+    )
+    # Issue 10 item 10: how soon a lost worker's work resumes elsewhere (SessionConfig).
+    heartbeat_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds without a heartbeat before a model call, tool or delegation of "
+        "a lost worker is retried on another; they beat at half of it.",
+    )
+    model_turn_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Seconds one model call may take (start-to-close).",
+    )
+    store_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a DB-only activity may take before it is retried (start-to-close).",
+    )
+    tool_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Seconds one tool call may take (start-to-close).",
+    )
+    model_attempts: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="Attempts one model call may take in all, worker losses included.",
+    )
+    model_provider_failures: int = Field(
+        default=6,
+        ge=1,
+        le=1000,
+        description="Retryable provider errors after which a model call fails for good.",
+    )
+    # Issue 10 item 6: token_budget reservations.
+    max_output_tokens: int = Field(
+        default=4096,
+        ge=1,
+        le=10_000_000,
+        description="Under a token_budget: the most output tokens one model call reserves "
+        "(its max_tokens, also capped to what the budget has left).",
+    )
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:
@@ -114,6 +189,34 @@ class Settings(BaseSettings):
             )
             raise ValueError(msg)
         return self
+
+    def review_key(self) -> bytes:
+        """The key of review-decision proofs (issue 10, item 5; README "Reviews").
+
+        ``BATON_REVIEW_SECRET`` when set; unset with auth off, the public
+        :data:`DEV_REVIEW_KEY` (there is no identity to protect: every API caller
+        is ``local``). The API and the worker call this at start so a bad
+        configuration stops them there, never mid-review. Raises InvalidSettings
+        when auth is on and the secret is unset, or when it is shorter than
+        :data:`MIN_REVIEW_SECRET` characters. The message never contains the secret.
+        """
+        if self.review_secret is None:
+            if self.auth == "on":
+                msg = (
+                    "BATON_REVIEW_SECRET is required with BATON_AUTH=on (the same value on "
+                    "every API replica and worker; e.g. `python -c 'import secrets; "
+                    "print(secrets.token_urlsafe(32))'`)"
+                )
+                raise InvalidSettings(msg)
+            return DEV_REVIEW_KEY
+        secret = self.review_secret.get_secret_value()
+        if len(secret) < MIN_REVIEW_SECRET:
+            msg = (
+                f"BATON_REVIEW_SECRET must be at least {MIN_REVIEW_SECRET} characters "
+                f"(it has {len(secret)})"
+            )
+            raise InvalidSettings(msg)
+        return secret.encode()
 
     def session_config(self) -> SessionConfig:
         """The engine settings a new session runs with (workflows cannot read settings)."""
@@ -127,6 +230,13 @@ class Settings(BaseSettings):
             runtime_depth_ceiling=self.runtime_depth_ceiling,
             prices=self.prices,
             max_run_sessions=self.max_run_sessions,
+            heartbeat_timeout_s=self.heartbeat_timeout,
+            model_turn_timeout_s=self.model_turn_timeout,
+            store_timeout_s=self.store_timeout,
+            tool_timeout_s=self.tool_timeout,
+            model_attempts=self.model_attempts,
+            model_provider_failures=self.model_provider_failures,
+            max_output_tokens=self.max_output_tokens,
         )
 
     def workflow_url(self, workflow_id: str) -> str:

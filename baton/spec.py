@@ -12,7 +12,6 @@ aliases) are checked by :func:`check_tree_shape`; bounds that need other agents
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -29,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from baton import saferegex
 from baton.contracts import SafeText as SafeText  # re-exported: specs and API bodies use it
 from baton.contracts import check_text
 from baton.errors import DuplicateAlias, TreeTooDeep, TreeTooLarge
@@ -88,45 +88,22 @@ def _check_json_value(value: Any, depth: int = 0) -> None:
             _check_json_value(item, depth + 1)
 
 
-#: Upper bound on the product of counted repeats (``{n}``, ``{n,m}``) in a pattern:
-#: the `regex` module expands them when compiling, so nested counts can take
-#: gigabytes (``((a{1000}){1000}){3}``).
-MAX_REPEAT_PRODUCT = 10_000
-_COUNTED = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
-
-
-def _check_repeats(pattern: str) -> None:
-    product = 1
-    for low, high in _COUNTED.findall(pattern):
-        product *= max(int(low), int(high) if high else 0, 1)
-        if product > MAX_REPEAT_PRODUCT:
-            msg = f"counted repeats multiply past {MAX_REPEAT_PRODUCT}; simplify the pattern"
-            raise ValueError(msg)
-
-
-@functools.lru_cache(maxsize=1024)
 def compile_pattern(pattern: str) -> regex.Pattern[str]:
-    """Compile a playbook ``when`` pattern (case-insensitive, cached). Raises ValueError."""
-    _check_repeats(pattern)
-    try:
-        return regex.compile(pattern, regex.IGNORECASE)
-    except (regex.error, OverflowError, RecursionError, ValueError) as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from exc
+    """Compile a playbook or route ``when`` pattern (case-insensitive, cached).
+
+    Raises ValueError for an invalid pattern or one that expands past
+    :data:`baton.saferegex.MAX_EXPANDED_SIZE` (issue 10, item 7b).
+    """
+    return saferegex.compile_user_pattern(pattern, regex.IGNORECASE)
 
 
 def pattern_matches(pattern: str, text: str, timeout: float = PATTERN_TIMEOUT_S) -> bool:
-    """Search ``pattern`` in ``text`` with a time limit; a timeout counts as no match.
-
-    ``concurrent=True`` lets the match release the GIL, so a slow pattern does
-    not freeze the worker's event loop.
-    """
-    if timeout <= 0:
-        return False
+    """Search ``pattern`` (case-insensitive) in ``text`` with a time limit; a timeout or a
+    refused pattern counts as no match (see :func:`baton.saferegex.search`)."""
     try:
-        found = compile_pattern(pattern).search(text, timeout=timeout, concurrent=True)
-    except (TimeoutError, ValueError):
+        return saferegex.search(pattern, text, timeout=timeout, flags=regex.IGNORECASE)
+    except (saferegex.PatternTimeout, ValueError):
         return False
-    return found is not None
 
 
 def _refuse_removed(data: Any) -> Any:
@@ -142,9 +119,10 @@ def _refuse_removed(data: Any) -> Any:
 
 
 class _Strict(BaseModel):
-    """Unknown fields are errors and removed fields get their own error type."""
+    """Unknown fields are errors, removed fields get their own error type, and values are
+    not coerced (``"max_spawns": true`` or ``"4"`` is refused: issue 10, item 11)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod

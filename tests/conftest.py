@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import sqlalchemy as sa
 import uvicorn
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
@@ -38,6 +39,17 @@ from worker.stack import DEV_SERVER_TUNING, ServicesThread, free_port
 def _fresh_roster() -> None:
     """The roster cache is process-wide (5 s): never let another test's agents leak in."""
     roster.clear_cache()
+
+
+#: BATON_REVIEW_SECRET of every test: an auth-mode API or worker refuses to start without
+#: one (issue 10, item 5); a stack's API and worker read the same value, so they agree.
+TEST_REVIEW_SECRET = "test-review-secret-not-for-production-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _review_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Settings() a test builds has a review secret, as a deployment must."""
+    monkeypatch.setenv("BATON_REVIEW_SECRET", TEST_REVIEW_SECRET)
 
 
 def _pg_bin() -> Path:
@@ -107,11 +119,23 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         url = request.getfixturevalue("pg_url")
     eng = make_engine(url)
     SQLModel.metadata.drop_all(eng)
+    with eng.begin() as conn:  # the shared PostgreSQL keeps the last test's revision stamp
+        conn.execute(sa.text("DROP TABLE IF EXISTS alembic_version"))
     init_db(eng)
     try:
         yield eng
     finally:
         eng.dispose()
+
+
+def migrated(database_url: str) -> str:
+    """Bring ``database_url`` to the newest schema revision (the API and worker refuse less)."""
+    eng = make_engine(database_url)
+    try:
+        init_db(eng)
+    finally:
+        eng.dispose()
+    return database_url
 
 
 @pytest.fixture
@@ -130,6 +154,7 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def api(settings: Settings) -> Iterator[httpx.Client]:
     """The real API under uvicorn on a free loopback port, and a client for it."""
+    migrated(settings.database_url)
     server, thread, base = serve(create_app(settings))
     try:
         with httpx.Client(base_url=base, timeout=30) as client:
@@ -221,6 +246,7 @@ def live_api(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[http
         temporal_address=temporal_env.client.service_client.config.target_host,
         task_queue=f"tq-{uuid.uuid4()}",
     )
+    migrated(settings.database_url)
     services = ServicesThread(settings, api_port=free_port())
     services.start()
     try:

@@ -64,6 +64,7 @@ async def main(name: str, marker: Path) -> None:
         engine=engine,
         task_queue=settings.task_queue,
         interceptors=[KillAfter(name, marker)],
+        review_key=settings.review_key(),
     )
     await worker.run()
 

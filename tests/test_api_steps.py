@@ -559,12 +559,13 @@ def test_a_zoneless_usage_time_is_not_a_server_error(stack: Stack) -> None:
 
 
 def test_balance_get_and_put(http: httpx.Client) -> None:
-    """Unlimited (null) by default; PUT a number or null; bounds ±1e12; junk and inf → 422."""
+    """Unlimited (null) by default; PUT a number or null; bounds 0..1e12; junk, a negative
+    amount and inf → 422 (issue 10, item 11: -1 was accepted)."""
     assert http.get("/v1/balance").json() == {"balance": None}
     put = http.put("/v1/balance", json={"balance": 12.5})
     assert (put.status_code, put.json()) == (200, {"balance": 12.5})
     assert http.get("/v1/balance").json() == {"balance": 12.5}
-    for edge in (1e12, -1e12, 0):
+    for edge in (1e12, 0):
         assert http.put("/v1/balance", json={"balance": edge}).json() == {"balance": edge}
     assert http.put("/v1/balance", json={"balance": None}).json() == {"balance": None}
     assert http.get("/v1/balance").json() == {"balance": None}
@@ -573,6 +574,8 @@ def test_balance_get_and_put(http: httpx.Client) -> None:
         {"balance": "abc"},
         {"balance": 1.000001e12},
         {"balance": -1.000001e12},
+        {"balance": -1e12},
+        {"balance": -0.01},
         {"balance": 3, "currency": "EUR"},
     ):
         assert_problem(http.put("/v1/balance", json=bad), 422, "validation_error")

@@ -226,7 +226,7 @@ def test_balance_set_and_show_on_the_database(run: Run, stack: Stack) -> None:
     assert stack.http.get("/v1/balance").json() == {"balance": 2.5}
     assert "unlimited" in run("balance", "set", "unlimited").stdout
     assert stack.http.get("/v1/balance").json() == {"balance": None}
-    for bad in ("lots", "nan", "1e13"):
-        refused = run("balance", "set", bad)
+    for bad in ("lots", "nan", "1e13", "-1"):
+        refused = run("balance", "set", "--", bad)  # `--`: "-1" is not an option
         assert refused.exit_code == 1 and "invalid_balance" in refused.output, refused.output
     assert "unlimited" in run("balance", "show").stdout

@@ -652,7 +652,8 @@ async def test_token_budget_refuses_the_next_delegation_at_the_budget(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
     """limits.token_budget: with the run's tokens one below the budget the second delegation
-    runs; with them at the budget it is refused limit_exceeded, and the root's next model
+    is admitted but its child's model call, with no room for its input, is refused; with
+    them at the budget the delegation is refused limit_exceeded, and the root's next model
     call is refused too (never a silent cut)."""
     publish(db_engine, "echo", playbook=[{"reply": "{last_message}"}], delegation=ON_ROSTER)
     roster.clear_cache()
@@ -670,13 +671,17 @@ async def test_token_budget_refuses_the_next_delegation_at_the_budget(
     assert at_second > 0
 
     publish(db_engine, "boss", playbook=BUDGETED, limits={"token_budget": at_second + 1})
-    # The second delegation runs; the root's next call then finds the budget spent.
+    # The second delegation is admitted (one token left); its child's call needs more than
+    # that for its input alone, so it is refused and nothing spends past the budget.
     with pytest.raises(TurnFailed, match="limit_exceeded"):
         await run(temporal_env, db_engine, worker, "boss")
     (allowed,) = [
         s for s in all_sessions(db_engine) if s.agent_slug == "boss" and s.agent_version == 2
     ]
-    assert [d.status for d in children(db_engine, allowed.id)] == ["completed"] * 2
+    edges = children(db_engine, allowed.id)
+    assert [d.status for d in edges] == ["completed", "failed"]
+    assert edges[1].error and "limit_exceeded" in edges[1].error
+    assert run_usage(db_engine, allowed.id) == at_second
 
     publish(db_engine, "boss", playbook=BUDGETED, limits={"token_budget": at_second})
     with pytest.raises(TurnFailed, match="limit_exceeded"):

@@ -76,7 +76,8 @@ async def test_review_allow_once_proceeds_and_saves_nothing(
 async def test_decision_sent_with_the_temporal_cli_binary(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
-    """`temporal workflow signal --name review_decision` decides a review like the API does."""
+    """`temporal workflow signal --name review_decision` decides a review (recorded as
+    unverified: a raw Signal carries no proof, issue 10 item 5)."""
     setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
     launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
     (review,) = await open_reviews(temporal_env.client, db_engine, launched.session_id)
@@ -102,9 +103,10 @@ async def test_decision_sent_with_the_temporal_cli_binary(
     assert proc.returncode == 0, (out, err)
     await wait_for(lambda: status(db_engine, launched.session_id) == "idle")
     (row,) = reviews_of(db_engine)
-    assert (row.status, row.decided_by, row.decision) == ("allowed", "temporal-cli", "allow_once")
+    unverified = "temporal (unverified)"
+    assert (row.status, row.decided_by, row.decision) == ("allowed", unverified, "allow_once")
     (entry,) = audit_rows(db_engine)
-    assert (entry.outcome, entry.decided_by, entry.review_id) == ("allow", "temporal-cli", row.id)
+    assert (entry.outcome, entry.decided_by, entry.review_id) == ("allow", unverified, row.id)
     final = transcript(db_engine, launched.session_id)[-1][1]
     assert tool_result(final)["response"] == "target says hi"
 

@@ -23,6 +23,7 @@ from baton.db import (
     XAgentPolicy,
     session_scope,
 )
+from baton.settings import DEV_REVIEW_KEY
 from tests.helpers import publish, wait_for
 
 
@@ -78,12 +79,15 @@ async def pending_review(engine: Engine, session_id: str, count: int = 1) -> lis
     return [r for r in reviews_of(engine, session_id) if r.status == "pending"]
 
 
-async def decide(client: Client, review: ReviewRow, decision: str, **extra: Any) -> None:
-    """Send Signal ``review_decision`` to the review's session."""
-    await client.get_workflow_handle(review.session_id).signal(
-        "review_decision",
-        ReviewDecision(review_id=review.id, decision=decision, **extra),
-    )
+async def decide(
+    client: Client, review: ReviewRow, decision: str, *, proven: bool = True, **extra: Any
+) -> None:
+    """Send Signal ``review_decision`` to the review's session, proven as the API proves it
+    (with the key test workers use, DEV_REVIEW_KEY) unless ``proven=False`` (a raw Signal)."""
+    signal = ReviewDecision(review_id=review.id, decision=decision, **extra)
+    if proven:
+        signal = reviews_api.prove(DEV_REVIEW_KEY, signal)
+    await client.get_workflow_handle(review.session_id).signal("review_decision", signal)
 
 
 def tool_result(text: str) -> Any:

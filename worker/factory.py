@@ -26,7 +26,7 @@ from activities.session import SessionActivities
 from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.settings import Settings
+from baton.settings import DEV_REVIEW_KEY, Settings
 from workflows.session import SessionWorkflow
 from workflows.step import AgentStepWorkflow
 
@@ -45,10 +45,13 @@ PASSTHROUGH = (
 WORKFLOWS = [SessionWorkflow, AgentStepWorkflow]
 
 
-def activities_for(engine: Engine, client: Client) -> list[Callable[..., Any]]:
-    """The activity callables bound to ``engine`` (and ``client``, for delegations)."""
+def activities_for(
+    engine: Engine, client: Client, *, review_key: bytes = DEV_REVIEW_KEY
+) -> list[Callable[..., Any]]:
+    """The activity callables bound to ``engine`` (and ``client``, for delegations);
+    ``review_key`` (Settings.review_key) verifies and signs review-decision proofs."""
     acts = SessionActivities(engine)
-    xagent = XAgentActivities(engine, client)
+    xagent = XAgentActivities(engine, client, review_key=review_key)
     delegation = DelegationActivities(engine, client)
     steps = StepActivities(engine)
     external = ExternalActivities(engine)  # issue 13: external sessions
@@ -90,11 +93,14 @@ def build_worker(
     max_concurrent_activities: int = 2048,
     activity_threads: int = 64,
     interceptors: Sequence[Interceptor] = (),
+    review_key: bytes = DEV_REVIEW_KEY,
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough.
 
     ``interceptors`` are added to the worker's (the fault tests use one to kill the
-    process at an exact point).
+    process at an exact point). ``review_key`` must be the API's
+    (``Settings.review_key()``, as run_services passes it): with another key every
+    API decision is recorded as unverified.
     """
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
     warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
@@ -102,7 +108,7 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(engine, client),
+        activities=activities_for(engine, client, review_key=review_key),
         # Slots are many because a sync delegation holds one while its child runs (async,
         # no thread); blocking DB activities share the thread pool and queue there instead.
         activity_executor=ThreadPoolExecutor(max_workers=activity_threads),

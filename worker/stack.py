@@ -20,7 +20,8 @@ from typing import IO
 import uvicorn
 
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import init_db, make_engine
+from baton.db import make_engine
+from baton.migrate import require_current
 from baton.settings import Settings
 from worker.factory import build_worker, connect
 
@@ -194,10 +195,13 @@ async def run_services(
     """Run the worker (and the API when ``api_port`` is set) until ``stop`` is set."""
     from api.app import create_app
 
+    review_key = settings.review_key()  # before any connection: a bad secret stops the start
     engine = make_engine(settings.database_url)
-    init_db(engine)
+    require_current(engine)  # refuse a database behind the code (issue 11)
     client = await connect(settings)
-    worker = build_worker(client, engine=engine, task_queue=settings.task_queue)
+    worker = build_worker(
+        client, engine=engine, task_queue=settings.task_queue, review_key=review_key
+    )
     server = None
     if api_port is not None:
         config = uvicorn.Config(

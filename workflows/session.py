@@ -31,7 +31,9 @@ with workflow.unsafe.imports_passed_through():
         EXTERNAL_MESSAGE,
         EXTERNAL_TOOL_CALL,
         INVALID_PROMPT,
+        MAX_LATE_DECISIONS,
         MAX_MESSAGE_CHARS,
+        MAX_SETTLED_REVIEWS,
         NOT_EXTERNAL,
         OPERATION_OF,
         SA_AGENT,
@@ -51,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         ExternalMessageOutcome,
         ExternalToolCall,
         InvokeAgentArgs,
+        LateDecision,
         LoadAgentInput,
         McpToolInput,
         McpToolSnapshot,
@@ -83,10 +86,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.options import (
         DELEGATE_RETRY,
-        MODEL_RETRY,
         STORE_RETRY,
-        STORE_TIMEOUT,
-        TOOL_TIMEOUT,
+        heartbeat_timeout,
+        model_retry,
+        store_timeout,
+        tool_timeout,
     )
 
 
@@ -101,8 +105,6 @@ PATCH_ROUTING = "team-routes-and-mentions"
 PATCH_CALL_CAP = "cap-tool-calls-per-reply"
 PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
 PATCH_MCP_TOOLS = "mcp-server-tools"
-#: Decisions kept for reviews that already had their outcome (reported, then dropped).
-MAX_LATE_DECISIONS = 50
 
 
 @workflow.defn(name="Session")
@@ -128,7 +130,11 @@ class SessionWorkflow:
         # arrive before `_review` opens it; it is kept for `_review` to find.
         self._expected_reviews: set[str] = set()
         self._decisions: dict[str, ReviewDecision] = {}
-        self._late_decisions: list[dict[str, Any]] = []
+        # Both carried across continue-as-new, bounded (issue 10, item 9): the decisions
+        # that changed nothing, and the reviews settled here (an ordered set, oldest first)
+        # so a decision for one of them reads too_late and any other id unknown_review.
+        self._late_decisions: list[LateDecision] = list(inp.late_decisions)
+        self._settled_reviews: dict[str, None] = dict.fromkeys(inp.settled_reviews)
 
     @workflow.run
     async def run(self, inp: SessionInput) -> str:
@@ -138,7 +144,7 @@ class SessionWorkflow:
                 self._agent = await workflow.execute_activity_method(
                     SessionActivities.load_agent,
                     LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin),
-                    start_to_close_timeout=STORE_TIMEOUT,
+                    start_to_close_timeout=store_timeout(self._inp.config),
                     retry_policy=STORE_RETRY,
                     summary=f"load {inp.agent_pin}",
                 )
@@ -160,7 +166,7 @@ class SessionWorkflow:
             await workflow.execute_activity_method(
                 SessionActivities.set_status,
                 StatusChange(session_id=inp.session_id, status="cancelled"),
-                start_to_close_timeout=STORE_TIMEOUT,
+                start_to_close_timeout=store_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
                 summary="cancelled",
             )
@@ -171,7 +177,7 @@ class SessionWorkflow:
                     await workflow.execute_activity_method(
                         DelegationActivities.cancel_delegations,
                         inp.session_id,
-                        start_to_close_timeout=STORE_TIMEOUT,
+                        start_to_close_timeout=store_timeout(self._inp.config),
                         retry_policy=STORE_RETRY,
                         summary="cancel delegations",
                     )
@@ -193,6 +199,9 @@ class SessionWorkflow:
                 agent=self._agent,
                 turn=self._turn,
                 team=self._inp.team,
+                # Payloads only: the command sequence is unchanged, so no patch is needed.
+                late_decisions=self._late_decisions,
+                settled_reviews=list(self._settled_reviews),
             )
         )
 
@@ -214,8 +223,9 @@ class SessionWorkflow:
 
     @workflow.query(name="late_decisions")
     def late_decisions(self) -> list[dict[str, Any]]:
-        """Decisions that arrived after their review's outcome (or for unknown reviews)."""
-        return list(self._late_decisions)
+        """The newest (≤ MAX_LATE_DECISIONS) decisions that changed nothing, oldest first:
+        ``[{review_id, decision, reason: too_late | unknown_review}]`` (issue 10, item 9)."""
+        return [d.model_dump() for d in self._late_decisions]
 
     @workflow.signal(name="review_decision")
     def review_decision(self, decision: ReviewDecision) -> None:
@@ -223,18 +233,24 @@ class SessionWorkflow:
 
         The first decision for an open review wins; one that arrives after the
         review's outcome (decided or timed out) changes nothing and is kept in
-        ``late_decisions`` so the sender can be told it was too late.
+        ``late_decisions`` as ``too_late``, one naming no review of this session as
+        ``unknown_review``, so the sender can be told. Who decided is not checked
+        here (workflows cannot read the secret): ``settle_review`` verifies the proof.
         """
         rid = decision.review_id
         open_ = rid in self._open_reviews or rid in self._expected_reviews
         if open_ and rid not in self._decisions:
             self._decisions[rid] = decision
             return
-        workflow.logger.warning("review %s: decision %s too late, ignored", rid, decision.decision)
-        if len(self._late_decisions) < MAX_LATE_DECISIONS:
-            self._late_decisions.append(
-                {"review_id": rid, "decision": decision.decision, "reason": "too_late"}
-            )
+        known = open_ or rid in self._settled_reviews
+        reason = "too_late" if known else "unknown_review"
+        workflow.logger.warning(
+            "review %s: decision %s ignored (%s)", rid, decision.decision, reason
+        )
+        self._late_decisions.append(
+            LateDecision(review_id=rid, decision=decision.decision, reason=reason)
+        )
+        del self._late_decisions[:-MAX_LATE_DECISIONS]  # keep the newest: the sender asks next
 
     # A cancel deliberately abandons the running turn; its client gets an error, not a hang.
     @workflow.update(
@@ -408,7 +424,7 @@ class SessionWorkflow:
                 route_position=position(turn, 0, 1),
                 call_id=f"route_t{turn}",
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"route · turn {turn}",
         )
@@ -483,10 +499,12 @@ class SessionWorkflow:
                 delegation=self._offer(agent),
                 run_root=self._root,
                 token_budget=self._run_limits(agent).token_budget,
+                max_output_tokens=cfg.max_output_tokens,
+                provider_failures=cfg.model_provider_failures,
             ),
             start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
-            heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
-            retry_policy=MODEL_RETRY,
+            heartbeat_timeout=heartbeat_timeout(cfg),
+            retry_policy=model_retry(cfg),
             summary=f"turn {turn}" + (f".{step}" if step > 1 else "") + f" · {agent.pin}",
         )
 
@@ -494,7 +512,7 @@ class SessionWorkflow:
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> ToolOutcome:
         tool = self._tool_message(agent, turn, step, index, call)
-        return await run_ordinary_tool(tool, agent.tools, f"turn {turn}")
+        return await run_ordinary_tool(tool, agent.tools, f"turn {turn}", self._inp.config)
 
     # --- X-Agent tools (seed 000) and policy reviews (seed 003) --------------------
 
@@ -539,7 +557,7 @@ class SessionWorkflow:
                     auth=self._inp.config.auth,
                     invoked=self._invoked_turn,
                 ),
-                start_to_close_timeout=STORE_TIMEOUT,
+                start_to_close_timeout=store_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
                 summary=f"authorize {operation}" + (f" → {target}" if target else ""),
             )
@@ -582,8 +600,8 @@ class SessionWorkflow:
                     user=self._turn_user,
                     auth=self._inp.config.auth,
                 ),
-                start_to_close_timeout=TOOL_TIMEOUT,
-                heartbeat_timeout=timedelta(seconds=self._inp.config.heartbeat_timeout_s),
+                start_to_close_timeout=tool_timeout(self._inp.config),
+                heartbeat_timeout=heartbeat_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
                 summary=f"{call.name} · turn {turn}",
             )
@@ -623,6 +641,9 @@ class SessionWorkflow:
         # The outcome is fixed from here: a decision arriving now is too late.
         del self._open_reviews[review_id]
         self._decisions.pop(review_id, None)
+        self._settled_reviews[review_id] = None
+        while len(self._settled_reviews) > MAX_SETTLED_REVIEWS:
+            del self._settled_reviews[next(iter(self._settled_reviews))]
         if not self._open_reviews:
             self._set_status("running")
         settled = await workflow.execute_activity_method(
@@ -635,8 +656,9 @@ class SessionWorkflow:
                 outcome=outcome,
                 decision=decision,
                 timeout_s=timeout,
+                auth=self._inp.config.auth,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"review {outcome}",
         )
@@ -683,7 +705,7 @@ class SessionWorkflow:
                 await workflow.execute_activity_method(
                     SessionActivities.set_status,
                     StatusChange(session_id=self._inp.session_id, status="idle"),
-                    start_to_close_timeout=STORE_TIMEOUT,
+                    start_to_close_timeout=store_timeout(self._inp.config),
                     retry_policy=STORE_RETRY,
                     summary="idle",
                 )
@@ -708,7 +730,7 @@ class SessionWorkflow:
                 name=snap.name,
                 input_schema=snap.input_schema,
             ),
-            start_to_close_timeout=TOOL_TIMEOUT,
+            start_to_close_timeout=tool_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"{call.name} · turn {turn}",
         )
@@ -741,7 +763,7 @@ class SessionWorkflow:
                 role=msg.role,
                 text=msg.text,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"external {msg.role} message",
         )
@@ -856,7 +878,7 @@ class SessionWorkflow:
             start_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
             # The delegation as a whole, retries included, is bounded by the same timeout.
             schedule_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
-            heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
+            heartbeat_timeout=heartbeat_timeout(cfg),
             retry_policy=DELEGATE_RETRY,
             summary=f"{kind} → {alias or target}" + (" (sync)" if sync else "") + f" · turn {turn}",
         )
@@ -883,7 +905,7 @@ class SessionWorkflow:
                 audit=audit,
                 via=via,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=f"refuse {tool.call.name}: {code}",
         )
@@ -906,7 +928,7 @@ class SessionWorkflow:
                 error=error,
                 final_status=final,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary="record failure",
         )
@@ -966,8 +988,11 @@ def tool_message(
     )
 
 
-async def run_ordinary_tool(tool: ToolMessage, allowed: list[str], label: str) -> ToolOutcome:
-    """The ``run_tool`` activity for one ordinary tool call (summary ``<tool> · <label>``)."""
+async def run_ordinary_tool(
+    tool: ToolMessage, allowed: list[str], label: str, cfg: SessionConfig
+) -> ToolOutcome:
+    """The ``run_tool`` activity for one ordinary tool call (summary ``<tool> · <label>``);
+    it heartbeats, so a lost worker's call is retried after the heartbeat timeout."""
     return await workflow.execute_activity_method(
         SessionActivities.run_tool,
         ToolInput(
@@ -978,7 +1003,8 @@ async def run_ordinary_tool(tool: ToolMessage, allowed: list[str], label: str) -
             call=tool.call,
             allowed_tools=allowed,
         ),
-        start_to_close_timeout=TOOL_TIMEOUT,
+        start_to_close_timeout=tool_timeout(cfg),
+        heartbeat_timeout=heartbeat_timeout(cfg),
         retry_policy=STORE_RETRY,
         summary=f"{tool.call.name} · {label}",
     )

@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         StepStatus,
         StepUpdate,
     )
-    from workflows.options import STORE_RETRY, STORE_TIMEOUT
+    from workflows.options import STORE_RETRY, heartbeat_timeout, store_timeout
     from workflows.session import model_turn_input, run_ordinary_tool, tool_message
 
 #: Attempts a step may make in all, revisions included (a handoff loop ends here).
@@ -80,7 +80,7 @@ class AgentStepWorkflow:
             agent = await workflow.execute_activity_method(
                 SessionActivities.load_agent,
                 LoadAgentInput(session_id=inp.step_id, agent_pin=inp.agent_pin),
-                start_to_close_timeout=STORE_TIMEOUT,
+                start_to_close_timeout=store_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
                 summary=f"load {inp.agent_pin}",
             )
@@ -105,7 +105,7 @@ class AgentStepWorkflow:
                     DeliverableCheck(
                         step_id=inp.step_id, message_id=message_id, output_schema=inp.output_schema
                     ),
-                    start_to_close_timeout=STORE_TIMEOUT,
+                    start_to_close_timeout=store_timeout(self._inp.config),
                     retry_policy=STORE_RETRY,
                     summary=f"check deliverable · attempt {self._attempts}",
                 )
@@ -167,15 +167,25 @@ class AgentStepWorkflow:
             initial_interval=timedelta(seconds=max(inp.retry.initial_interval_s, 0.001)),
             backoff_coefficient=inp.retry.backoff_coefficient,
             maximum_interval=timedelta(seconds=max(60.0, inp.retry.initial_interval_s)),
-            maximum_attempts=inp.retry.max_attempts,
+            # Worker losses do not spend the request's attempts: model_turn counts provider
+            # failures itself and fails for good after max_attempts of them (issue 10).
+            maximum_attempts=max(inp.retry.max_attempts, cfg.model_attempts),
         )
         user: str | None = prompt  # stored with the attempt's first model call
         for step in range(1, cfg.max_steps_per_message + 1):
             result = await workflow.execute_activity_method(
                 SessionActivities.model_turn,
-                model_turn_input(sid, agent.slug, attempt, step, cfg, user),
+                model_turn_input(
+                    sid,
+                    agent.slug,
+                    attempt,
+                    step,
+                    cfg,
+                    user,
+                    provider_failures=inp.retry.max_attempts,
+                ),
                 start_to_close_timeout=timedelta(seconds=cfg.model_turn_timeout_s),
-                heartbeat_timeout=timedelta(seconds=cfg.heartbeat_timeout_s),
+                heartbeat_timeout=heartbeat_timeout(cfg),
                 retry_policy=retry,
                 summary=f"attempt {attempt}" + (f".{step}" if step > 1 else "") + f" · {agent.pin}",
             )
@@ -188,6 +198,7 @@ class AgentStepWorkflow:
                         tool_message(sid, agent.slug, attempt, step, i, call),
                         agent.tools,
                         f"attempt {attempt}",
+                        cfg,
                     )
                     for i, call in enumerate(result.tool_calls[: cfg.max_tool_calls_per_reply])
                 )
@@ -210,7 +221,7 @@ class AgentStepWorkflow:
                 deliverable=deliverable,
                 error=error,
             ),
-            start_to_close_timeout=STORE_TIMEOUT,
+            start_to_close_timeout=store_timeout(self._inp.config),
             retry_policy=STORE_RETRY,
             summary=status,
         )

@@ -5,6 +5,10 @@ send with ``temporal workflow signal``; the workflow applies the first decision
 for an open review and settles it exactly once. The API then reads the settled
 row: if its ``decision_id`` is this request's, the decision was applied (200);
 otherwise another decision or the timeout won and this one was too late (409).
+
+Every decision the API sends carries a proof (``baton.reviews.prove``, keyed with
+``BATON_REVIEW_SECRET``) binding it to the authenticated user: the worker records
+it as that user. A raw Signal has none and is recorded as ``temporal (unverified)``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import Engine
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.deps import Caller, CallerDep, EngineDep, SessionDep, TemporalDep
+from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
 from baton import reviews
 from baton.contracts import Decision, ReviewDecision
@@ -124,9 +128,10 @@ async def decide(
     engine: EngineDep,
     client: TemporalDep,
     caller: CallerDep,
+    settings: SettingsDep,
     response: Response,
 ) -> reviews.ReviewPublic:
-    """Deliver a decision (Signal ``review_decision``) and report what it did.
+    """Deliver a proven decision (Signal ``review_decision``) and report what it did.
 
     200 with the settled review when this decision was applied; 409
     ``review_already_decided`` when the review was settled before the request,
@@ -152,12 +157,15 @@ async def decide(
     try:
         await client.get_workflow_handle(review.session_id).signal(
             "review_decision",
-            ReviewDecision(
-                review_id=review_id,
-                decision=body.decision,
-                scope=body.scope,
-                decided_by=caller.user,
-                decision_id=decision_id,
+            reviews.prove(
+                settings.review_key(),
+                ReviewDecision(
+                    review_id=review_id,
+                    decision=body.decision,
+                    scope=body.scope,
+                    decided_by=caller.user,
+                    decision_id=decision_id,
+                ),
             ),
         )
     except RPCError as exc:

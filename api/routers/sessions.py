@@ -71,6 +71,7 @@ class SessionCreate(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # `"sync": "false"` or `1` is a 422, not a silent coercion (issue 10, item 11)
         json_schema_extra={
             "examples": [{"agent": "researcher@2", "prompt": "What changed in Q3?", "sync": True}]
         },
@@ -123,7 +124,9 @@ class MessageCreate(BaseModel):
     """``POST /v1/sessions/{id}/messages``."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"prompt": "And Q4?", "sync": True}]}
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"prompt": "And Q4?", "sync": True}]},
     )
 
     prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-import jsonschema
 from fastapi import APIRouter, Path, Query, status
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
-from referencing import Registry
-from referencing.jsonschema import DRAFT202012
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from sqlmodel import col
 from temporalio.service import RPCError
 
@@ -22,7 +20,8 @@ from api.problems import problem_responses
 from baton import launch, metering
 from baton.contracts import HandoffDecision, StepInput, StepRetry
 from baton.db import StepRow, page, session_scope
-from baton.errors import AdminOnly, BatonError, Conflict, EngineUnavailable, NotFound
+from baton.deliverables import check_output_schema
+from baton.errors import AdminOnly, Conflict, EngineUnavailable, NotFound
 from baton.schemas import MAX_OFFSET, Page
 from baton.spec import REF_PATTERN, SafeText, parse_ref
 
@@ -47,19 +46,12 @@ class NotAwaitingHandoff(Conflict):
     code = "step_not_awaiting_handoff"
 
 
-class InvalidSchema(BatonError):
-    """``output_schema`` is not a valid JSON Schema (2020-12)."""
-
-    code = "invalid_schema"
-    status = 422
-    title = "Invalid JSON Schema"
-
-
 class StepCreate(BaseModel):
     """``POST /v1/steps``. A bare slug is compiled to a pin at launch and recorded."""
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # no `"handoff": 1` or `"timeout_s": "60"` coercions (issue 10, item 11)
         json_schema_extra={
             "examples": [
                 {
@@ -107,6 +99,20 @@ class StepCreate(BaseModel):
         if not text.strip() or len(text) > MAX_INPUT_CHARS:
             raise ValueError(f"input must be 1..{MAX_INPUT_CHARS} characters and not blank")
         return value
+
+
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def _no_bare_number(value: Any) -> Any:
+    """Refuse a number where a date-time is expected (pydantic reads ``0.5`` as a Unix time)."""
+    if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER.fullmatch(value)):
+        raise ValueError("expected an RFC 3339 date-time with a timezone, not a number")
+    return value
+
+
+#: A query date-time: RFC 3339 with a timezone (``2026-12-01T10:00:00Z``); no Unix numbers.
+IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_no_bare_number)]
 
 
 class StepAccepted(BaseModel):
@@ -160,33 +166,6 @@ class StepPublic(BaseModel):
     updated_at: datetime
 
 
-def _check_schema(schema: dict[str, Any]) -> None:
-    """Raise InvalidSchema unless ``schema`` is a 2020-12 JSON Schema whose every ``$ref``
-    resolves inside it (a dangling ref would only fail once a deliverable is checked)."""
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise InvalidSchema(f"output_schema: {exc.message}", path="output_schema") from exc
-    resource = DRAFT202012.create_resource(schema)
-    resolver = Registry().with_resource("", resource).resolver()
-
-    def refs(node: Any) -> list[str]:
-        if isinstance(node, dict):
-            found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
-            return found + [r for v in node.values() for r in refs(v)]
-        if isinstance(node, list):
-            return [r for v in node for r in refs(v)]
-        return []
-
-    for ref in refs(schema):
-        try:
-            resolver.lookup(ref)
-        except Exception as exc:  # referencing.exceptions.Unresolvable and kin
-            raise InvalidSchema(
-                f"output_schema: $ref {ref!r} does not resolve", path="output_schema"
-            ) from exc
-
-
 def _public(row: StepRow) -> StepPublic:
     return StepPublic(
         step_id=row.id,
@@ -217,7 +196,7 @@ async def create_step(
 ) -> StepAccepted:
     """Pin the agent, store the step and start its AgentStepWorkflow; poll GET for the result."""
     if body.output_schema is not None:
-        _check_schema(body.output_schema)
+        check_output_schema(body.output_schema)
     await asyncio.to_thread(caller.require_on, engine, parse_ref(body.agent)[0], "user")
     text = body.input if isinstance(body.input, str) else json.dumps(body.input)
     step_id = f"step-{uuid.uuid4()}"
@@ -319,8 +298,8 @@ def get_usage(
     agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
     session_id: Annotated[str | None, Query(max_length=80)] = None,
     step_id: Annotated[str | None, Query(max_length=80)] = None,
-    since: AwareDatetime | None = None,
-    until: AwareDatetime | None = None,
+    since: IsoDateTime | None = None,
+    until: IsoDateTime | None = None,
 ) -> Page[metering.UsageGroup]:
     """Tokens in/out, requests and cost of every model call, summed per group (auth
     mode: only the model calls of agents the caller holds a role on)."""
@@ -345,7 +324,7 @@ def get_balance(session: SessionDep, _caller: CallerDep) -> metering.BalancePubl
 
 @usage_router.put("/balance", responses=problem_responses(403, 422), summary="Set the balance")
 def put_balance(
-    body: metering.BalancePublic, session: SessionDep, caller: CallerDep
+    body: metering.BalanceUpdate, session: SessionDep, caller: CallerDep
 ) -> metering.BalancePublic:
     """Set the balance (USD; null = unlimited). Model calls are refused once it is ≤ 0.
 
@@ -357,4 +336,4 @@ def put_balance(
         raise AdminOnly("the balance is set with `baton balance set` (BATON_AUTH=on)")
     metering.set_balance(session, amount=body.balance)
     session.commit()
-    return body
+    return metering.BalancePublic(balance=body.balance)
