@@ -46,10 +46,13 @@ def _fresh_roster() -> None:
 TEST_REVIEW_SECRET = "test-review-secret-not-for-production-0123456789"
 
 
-@pytest.fixture(autouse=True)
-def _review_secret(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every Settings() a test builds has a review secret, as a deployment must."""
-    monkeypatch.setenv("BATON_REVIEW_SECRET", TEST_REVIEW_SECRET)
+@pytest.fixture(autouse=True, scope="session")
+def _review_secret() -> Iterator[None]:
+    """Every Settings() a test builds has a review secret, as a deployment must (session
+    scope, so module-scoped stacks get it too)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BATON_REVIEW_SECRET", TEST_REVIEW_SECRET)
+        yield
 
 
 def _pg_bin() -> Path:
