@@ -404,6 +404,16 @@ class SessionActivities:
         try:
             with session_scope(self._engine) as s:
                 resolved = registry.resolve_agent(s, ref=inp.agent_pin)
+            if resolved.mcp_servers:  # issue 13: discovered once, outside the transaction
+                from activities.mcp_tools import discover_sync
+
+                tools = discover_sync(
+                    resolved.mcp_servers,
+                    allowed=resolved.allowed_tools,
+                    blocked=resolved.blocked_tools,
+                )
+                resolved = resolved.model_copy(update={"mcp_tools": tools})
+            with session_scope(self._engine) as s:
                 row = sessions.get_session(s, session_id=inp.session_id)
                 row.resolved_agent = resolved.model_dump(mode="json")
                 s.add(row)
@@ -594,6 +604,10 @@ class SessionActivities:
             assert isinstance(agent, ResolvedAgent)
             tools = [(t.name, t.description, t.parameters) for t in offered_tools(agent.tools)]
             tools += xagent_tools(agent.blocked_tools)
+            # Issue 13: the MCP servers' tools, as snapshotted when the session loaded.
+            tools += [
+                (t.qualified, t.description, t.input_schema) for t in agent.mcp_tools if t.name
+            ]
             system_prompt = agent.system_prompt
             offer = inp.delegation
             if offer is not None and "delegate_to" not in agent.blocked_tools:

@@ -22,6 +22,7 @@ from temporalio.client import Client
 
 from api import ui
 from api.deps import app_temporal
+from api.mcp import MountedMCP
 from api.problems import (
     PROBLEM_JSON,
     document_common_problems,
@@ -124,10 +125,12 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
         app.state.temporal = temporal
         app.state.temporal_lock = asyncio.Lock()
         try:
-            yield
+            async with mcp.running():  # issue 13: the `agents` MCP server's sessions
+                yield
         finally:
             engine.dispose()
 
+    mcp = MountedMCP()
     app = FastAPI(
         title="Baton",
         version="0.1.0",
@@ -195,5 +198,6 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     app.include_router(teams.router)
     app.include_router(steps.router)
     app.include_router(steps.usage_router)
+    app.router.routes.append(mcp.route)  # /mcp: the `agents` MCP server (issue 13)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

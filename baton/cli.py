@@ -1058,5 +1058,30 @@ def tokens_revoke(token_id: Annotated[int, typer.Argument(help="Token id.")]) ->
     console.print(f"token {token_id} revoked")
 
 
+# --- mcp: external sessions' proxy tokens (issue 13, on the database) ------------------
+
+mcp_app = typer.Typer(help="Agents outside Baton: proxy tokens of external sessions (database).")
+app.add_typer(mcp_app, name="mcp")
+
+
+@mcp_app.command("token")
+def mcp_token(
+    session_id: Annotated[str, typer.Argument(help="An external session's id.")],
+    ttl: Annotated[
+        int | None, typer.Option("--ttl", min=60, help="Token lifetime in seconds (default: none).")
+    ] = None,
+) -> None:
+    """Reissue an external session's proxy token: the old one stops working (401) at once.
+    Prints the new token (shown once) and the MCP client's Authorization header."""
+    from baton import external
+
+    with _db() as s:
+        if not external.is_external(s, session_id=session_id):
+            raise external.NotExternal(f"session '{session_id}' is not an external session")
+        _, plain = external.issue_proxy_token(s, session_id=session_id, expires_in_s=ttl)
+    typer.echo(plain)
+    err_console.print(f"Authorization: Bearer {plain[:16]}… (the previous token is revoked)")
+
+
 if __name__ == "__main__":
     app()

@@ -72,6 +72,56 @@ class ResolvedNode(BaseModel):
     subagents: list[ResolvedNode] = Field(default_factory=list)
 
 
+class McpServerRef(BaseModel):
+    """A remote MCP server of the agent (issue 13, item 4). ``headers`` hold references
+    (``Bearer ${NAME}``), never secrets: the ``mcp_tool`` activity resolves them."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "github",
+                    "url": "https://mcp.example.com/mcp",
+                    "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},
+                }
+            ]
+        }
+    )
+
+    name: str
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class McpToolSnapshot(BaseModel):
+    """A tool discovered on an MCP server when the session loaded (so replay and retries
+    see the same list): offered to the model as ``<server>.<name>``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "server": "github",
+                    "name": "search_issues",
+                    "description": "Search issues.",
+                    "input_schema": {"type": "object"},
+                }
+            ]
+        }
+    )
+
+    server: str
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = Field(default=None, description="Discovery failed: why (no tools).")
+
+    @property
+    def qualified(self) -> str:
+        """``<server>.<tool>``."""
+        return f"{self.server}.{self.name}"
+
+
 class ResolvedAgent(BaseModel):
     """The effective configuration of one published revision (``GET …/resolved``).
 
@@ -101,6 +151,12 @@ class ResolvedAgent(BaseModel):
     inheritance: list[str] = Field(default_factory=list)
     #: issue 15: an ambassador only answers inquiries; it is never invoked or delegated to.
     kind: Literal["agent", "ambassador"] = "agent"
+    mcp_servers: list[McpServerRef] = Field(default_factory=list, description="Issue 13.")
+    mcp_tools: list[McpToolSnapshot] = Field(
+        default_factory=list,
+        description="Issue 13: the servers' tools as discovered at load (allowed/blocked "
+        "narrowing applied), the snapshot the session runs with.",
+    )
 
     @property
     def pin(self) -> str:
@@ -149,6 +205,11 @@ class Provenance(BaseModel):
     )
     run_limits: ResolvedLimits | None = Field(
         default=None, description="Limits of the run (the root agent's), carried down."
+    )
+    external: bool = Field(
+        default=False,
+        description="Issue 13: an external session, whose turns an outside process takes "
+        "(over MCP); no model turn runs in it.",
     )
 
 
@@ -962,3 +1023,64 @@ class InquiryResult(BaseModel):
     inquiry_id: str
     status: Literal["answered", "failed"]
     steps: int = 0
+
+
+# --- Agents outside Baton: external sessions over MCP (issue 13, DESIGN §11) ----------
+
+#: Update names on SessionWorkflow (stable once shipped).
+EXTERNAL_TOOL_CALL = "external_tool_call"
+EXTERNAL_MESSAGE = "external_message"
+#: ApplicationError type: send_message on an external session (no model turn runs there).
+SESSION_EXTERNAL = "session_external"
+#: ApplicationError type: an external Update on a session that is not external.
+NOT_EXTERNAL = "not_external"
+#: ApplicationError type: an external tool call naming anything but the five X-Agent tools.
+UNKNOWN_TOOL = "unknown_tool"
+
+
+class ExternalToolCall(BaseModel):
+    """Update ``external_tool_call``: one X-Agent tool call an external process made over
+    MCP, run by the session's workflow exactly as a model's tool call (DESIGN §5).
+
+    ``call_id`` is the MCP layer's idempotency key (also the Update id's suffix); the
+    workflow chooses where the result is stored. ``args`` are validated by the workflow
+    with the same argument models as a model's call (``XAGENT_ARGS``).
+    """
+
+    call_id: str = Field(min_length=1, max_length=120)
+    name: str = Field(max_length=64)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExternalMessage(BaseModel):
+    """Update ``external_message``: a message the external process posts to its own
+    transcript (``assistant``: what it did, for get_agent_session_transcript readers)."""
+
+    role: Literal["user", "assistant"] = "assistant"
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+
+
+class ExternalMessageInput(BaseModel):
+    """``record_external_message`` activity input: the id and position the workflow chose."""
+
+    session_id: str
+    agent_slug: str
+    message_id: str
+    position: str
+    role: Literal["user", "assistant"]
+    text: str
+
+
+class ExternalMessageOutcome(BaseModel):
+    """``external_message`` result: the stored message's id."""
+
+    message_id: str
+
+
+class McpToolInput(BaseModel):
+    """``mcp_tool`` activity input: one ``<server>.<tool>`` call of the model (issue 13)."""
+
+    tool: ToolMessage
+    server: McpServerRef
+    name: str
+    input_schema: dict[str, Any] = Field(default_factory=dict)

@@ -381,6 +381,24 @@ class BalanceRow(SQLModel, table=True):
     updated_at: datetime = _ts()
 
 
+class ProxyTokenRow(SQLModel, table=True):
+    """An external session's proxy token (issue 13, DESIGN §11): bound to one session and
+    its agent, acting with the session owner's roles. Only the SHA-256 is stored, as for
+    API tokens; a session with a row here is external (its turns are taken outside)."""
+
+    __tablename__ = "proxy_tokens"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(foreign_key="sessions.id", index=True, max_length=80)
+    agent_slug: str = Field(max_length=63)
+    user_id: str = Field(max_length=200, description="The session owner (created_by_user).")
+    token_hash: str = Field(unique=True, max_length=64)
+    prefix: str = Field(max_length=16, description="First characters, to recognise a token.")
+    revoked: bool = False
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    created_at: datetime = _ts()
+
+
 class TokenReservationRow(SQLModel, table=True):
     """What one model call under a run's ``token_budget`` may spend (issue 10, item 6).
 

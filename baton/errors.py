@@ -280,3 +280,10 @@ class InvalidPrompt(BatonError):
     code = "invalid_prompt"
     status = 422
     title = "Invalid prompt"
+
+
+class SessionExternal(Conflict):
+    """The session is external: an outside process takes its turns, no model turn runs
+    there (409; issue 13)."""
+
+    code = "session_external"

@@ -32,6 +32,7 @@ from baton.contracts import (
     INVALID_PROMPT,
     SESSION_BUSY,
     SESSION_CLOSED,
+    SESSION_EXTERNAL,
     Provenance,
     ResolvedAgent,
     SessionConfig,
@@ -49,6 +50,7 @@ from baton.errors import (
     InvalidPrompt,
     SessionBusy,
     SessionClosed,
+    SessionExternal,
     TurnCancelled,
     TurnFailed,
 )
@@ -86,6 +88,8 @@ def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError
         return SessionClosed(message, session_id=session_id)
     if kind == INVALID_PROMPT:
         return InvalidPrompt(message, path="prompt")
+    if kind == SESSION_EXTERNAL:  # issue 13: no model turn runs in an external session
+        return SessionExternal(message, session_id=session_id)
     link: BaseException | None = cause
     while link is not None:  # the workflow's cancel fails the turn, maybe via an activity
         if isinstance(link, TemporalCancelledError):

@@ -25,7 +25,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from baton.contracts import ResolvedAgent, ResolvedDelegation, ResolvedLimits, ResolvedNode
+from baton.contracts import (
+    McpServerRef,
+    ResolvedAgent,
+    ResolvedDelegation,
+    ResolvedLimits,
+    ResolvedNode,
+)
 from baton.errors import BatonError, InheritanceCycle, InheritanceTooDeep, UnknownAgent
 from baton.spec import (
     MAX_INHERITANCE_LINKS,
@@ -85,6 +91,8 @@ class _Intrinsic:
     kind: Literal["agent", "ambassador"] | None = None
     nodes: list[tuple[SubagentNode, str]] = field(default_factory=list)
     chain: list[str] = field(default_factory=list)
+    #: Issue 13: MCP servers of the chain by name, the derived agent's winning.
+    mcp_servers: dict[str, McpServerRef] = field(default_factory=dict)
 
     def usable_tools(self, envelope: _Envelope) -> list[str]:
         return [
@@ -138,6 +146,10 @@ def _fold(base: _Intrinsic, rev: LoadedRevision, path_prefix: str) -> _Intrinsic
         ),
         skills=_union(base.skills, spec.skills),
         tools=_union(base.tools, spec.tools),
+        mcp_servers={
+            **base.mcp_servers,
+            **{m.name: McpServerRef.model_validate(m.model_dump()) for m in spec.mcp_servers},
+        },
         allowed=_intersect(
             base.allowed,
             frozenset(spec.allowed_tools) if spec.allowed_tools is not None else None,
@@ -270,4 +282,5 @@ class Resolver:
             kind=layer.kind or "agent",
             subagents=[self._node(node, path, envelope) for node, path in layer.nodes],
             inheritance=layer.chain,
+            mcp_servers=list(layer.mcp_servers.values()),
         )

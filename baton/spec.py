@@ -281,6 +281,37 @@ class SubagentNode(_Strict):
     subagents: list[SubagentNode] = Field(default_factory=list, max_length=MAX_TREE_NODES + 1)
 
 
+#: A header value names its secret, never holds it (issue 13, item 4): an optional scheme
+#: word, then ``${NAME}`` — an environment variable (or a ``BATON_…`` setting) of the worker.
+MCP_HEADER_VALUE = r"^(?:[A-Za-z][A-Za-z0-9-]{0,31} )?\$\{[A-Z][A-Z0-9_]{0,127}\}$"
+MAX_MCP_SERVERS = 8
+
+
+class McpServerSpec(_Strict):
+    """A remote MCP server (streamable HTTP) whose tools the agent may call as
+    ``<name>.<tool>`` (issue 13, item 4). Header values reference secrets by name."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "github",
+                    "url": "https://mcp.example.com/mcp",
+                    "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},
+                }
+            ]
+        },
+    )
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,30}$", description="Prefix of its tools.")
+    url: str = Field(pattern=r"^https?://[^\s]{1,2000}$", max_length=2008)
+    headers: dict[
+        Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")],
+        Annotated[str, Field(pattern=MCP_HEADER_VALUE)],
+    ] = Field(default_factory=dict, max_length=16)
+
+
 class AgentSpec(_Strict):
     """The versioned part of an agent (DESIGN §3). All fields are optional.
 
@@ -331,6 +362,19 @@ class AgentSpec(_Strict):
         description="agent (default) or ambassador: a relay that briefs a person on a "
         "session and never enters it (seed 002, 'Ambassador'); null = inherited.",
     )
+    mcp_servers: list[McpServerSpec] = Field(
+        default_factory=list,
+        max_length=MAX_MCP_SERVERS,
+        description="Issue 13: remote MCP servers; their tools are offered as <server>.<tool>.",
+    )
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _distinct_servers(cls, servers: list[McpServerSpec]) -> list[McpServerSpec]:
+        names = [m.name for m in servers]
+        if len(set(names)) != len(names):
+            raise ValueError("mcp_servers names must be distinct")
+        return servers
 
     def references(self) -> list[str]:
         """Every agent reference in the spec: ``extends`` first, then the tree in pre-order."""

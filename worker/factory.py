@@ -25,7 +25,9 @@ from temporalio.worker import Interceptor, Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.delegation import DelegationActivities
+from activities.external import ExternalActivities
 from activities.inquiry import InquiryActivities
+from activities.mcp_tools import McpToolActivities
 from activities.session import SessionActivities
 from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
@@ -61,6 +63,8 @@ def activities_for(
     delegation = DelegationActivities(engine, client)
     steps = StepActivities(engine)
     inquiry = InquiryActivities(engine)
+    external = ExternalActivities(engine)  # issue 13: external sessions
+    mcp_tools = McpToolActivities(engine)  # issue 13: MCP servers as agents' tools
     return [
         acts.load_agent,
         acts.model_turn,
@@ -79,6 +83,8 @@ def activities_for(
         inquiry.inquiry_turn,
         inquiry.inquiry_tool,
         inquiry.finish_inquiry,
+        external.record_external_message,
+        mcp_tools.mcp_tool,
     ]
 
 

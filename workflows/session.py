@@ -22,28 +22,41 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from activities.delegation import DelegationActivities
+    from activities.external import ExternalActivities
+    from activities.mcp_tools import McpToolActivities
     from activities.session import SessionActivities
     from activities.xagent import XAgentActivities
     from baton.contracts import (
         DELEGATION_TOOLS,
+        EXTERNAL_MESSAGE,
+        EXTERNAL_TOOL_CALL,
         INVALID_PROMPT,
         MAX_LATE_DECISIONS,
         MAX_MESSAGE_CHARS,
         MAX_SETTLED_REVIEWS,
+        NOT_EXTERNAL,
         OPERATION_OF,
         SA_AGENT,
         SA_STATUS,
         SESSION_BUSY,
         SESSION_CLOSED,
+        SESSION_EXTERNAL,
+        UNKNOWN_TOOL,
         XAGENT_ARGS,
         XAGENT_TOOLS,
         AuthorizeInput,
         DelegateInput,
         DelegateToArgs,
         DelegationOffer,
+        ExternalMessage,
+        ExternalMessageInput,
+        ExternalMessageOutcome,
+        ExternalToolCall,
         InvokeAgentArgs,
         LateDecision,
         LoadAgentInput,
+        McpToolInput,
+        McpToolSnapshot,
         ModelTurnInput,
         ModelTurnResult,
         RefusalInput,
@@ -91,6 +104,7 @@ PATCH_CASCADE = "cancel-cascades-to-delegations"
 PATCH_ROUTING = "team-routes-and-mentions"
 PATCH_CALL_CAP = "cap-tool-calls-per-reply"
 PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
+PATCH_MCP_TOOLS = "mcp-server-tools"
 
 
 @workflow.defn(name="Session")
@@ -254,6 +268,12 @@ class SessionWorkflow:
     def _validate_send(self, msg: UserMessage) -> None:
         if self._closed:
             raise ApplicationError("the session is closed", type=SESSION_CLOSED)
+        if self._inp.provenance.external:  # issue 13: its turns are taken outside Baton
+            raise ApplicationError(
+                "this session is external: an outside process takes its turns, so no "
+                "model turn runs here",
+                type=SESSION_EXTERNAL,
+            )
         if self._busy:
             raise ApplicationError(
                 "a turn is already running; wait for it to finish", type=SESSION_BUSY
@@ -358,6 +378,13 @@ class SessionWorkflow:
                 return self._xagent(agent, turn, step, index, call)
             if call.name in DELEGATION_TOOLS and workflow.patched(PATCH_DELEGATION):
                 return self._delegation(agent, turn, step, index, call)
+            # Issue 13: `<server>.<tool>` of the snapshot (only such names reach patched()).
+            if "." in call.name and workflow.patched(PATCH_MCP_TOOLS):
+                snap = next(
+                    (t for t in agent.mcp_tools if t.name and t.qualified == call.name), None
+                )
+                if snap is not None:
+                    return self._mcp_tool(agent, turn, step, index, call, snap)
         return self._tool(agent, turn, step, index, call)
 
     def _may_route(self, agent: ResolvedAgent, msg: UserMessage) -> bool:
@@ -636,6 +663,125 @@ class SessionWorkflow:
             summary=f"review {outcome}",
         )
         return None if settled.allowed else settled.outcome
+
+    # --- External sessions: X-Agent calls of an outside process over MCP (issue 13) ----
+    # An external session's turns are taken outside Baton (DESIGN §11). Each MCP tool call
+    # arrives as an Update and runs through `_dispatch`, the very path of a model's tool
+    # call (guards → authorize → review → delegate / xagent_tool), under a message id the
+    # workflow chooses: durable, audited, in the Temporal UI and in the transcript. These
+    # handlers only ever run for Updates sent by new code, so no in-flight run changes.
+
+    #: External calls in flight (a class default: instances created before this existed
+    #: have none). The session is idle again once the last one has its result.
+    _external_calls = 0
+
+    @workflow.update(
+        name=EXTERNAL_TOOL_CALL, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON
+    )
+    async def external_tool_call(self, req: ExternalToolCall) -> ToolOutcome:
+        """Run one X-Agent tool call of the external process; its result is stored as the
+        tool message ``<session>:t<n>:s1:tool0`` (``ok`` false for a refusal).
+
+        The one-hop rule follows the session's provenance (seed 000): an external session
+        another agent started cannot invoke. Calls may run in parallel, each its own turn
+        number. The validator refuses closed and non-external sessions and unknown tools.
+        """
+        await workflow.wait_condition(lambda: self._agent is not None)
+        assert self._agent is not None
+        self._turn += 1
+        turn = self._turn
+        self._external_calls += 1
+        self._invoked_turn = bool(self._inp.provenance.invoked_by_agent)
+        self._turn_user = self._inp.provenance.created_by_user
+        self._set_status("running")
+        try:
+            call = ToolCall(id=req.call_id, name=req.name, args=req.args)
+            return await self._dispatch(self._agent, turn, 1, 0, call)
+        finally:
+            self._external_calls -= 1
+            if not self._external_calls and not self._closed:
+                self._set_status("idle")
+                # A review set the stored status; nothing else ends this "turn".
+                await workflow.execute_activity_method(
+                    SessionActivities.set_status,
+                    StatusChange(session_id=self._inp.session_id, status="idle"),
+                    start_to_close_timeout=store_timeout(self._inp.config),
+                    retry_policy=STORE_RETRY,
+                    summary="idle",
+                )
+
+    async def _mcp_tool(
+        self,
+        agent: ResolvedAgent,
+        turn: int,
+        step: int,
+        index: int,
+        call: ToolCall,
+        snap: McpToolSnapshot,
+    ) -> ToolOutcome:
+        """A tool of a remote MCP server (issue 13, item 4): the ``mcp_tool`` activity. Its
+        errors (schema, unreachable server, the tool's own) are tool results, not failures."""
+        server = next(m for m in agent.mcp_servers if m.name == snap.server)
+        return await workflow.execute_activity_method(
+            McpToolActivities.mcp_tool,
+            McpToolInput(
+                tool=self._tool_message(agent, turn, step, index, call),
+                server=server,
+                name=snap.name,
+                input_schema=snap.input_schema,
+            ),
+            start_to_close_timeout=tool_timeout(self._inp.config),
+            retry_policy=STORE_RETRY,
+            summary=f"{call.name} · turn {turn}",
+        )
+
+    @external_tool_call.validator
+    def _validate_external_call(self, req: ExternalToolCall) -> None:
+        self._validate_external()
+        if req.name not in XAGENT_TOOLS:
+            raise ApplicationError(
+                f"unknown tool '{req.name[:64]}'; the tools are {', '.join(XAGENT_TOOLS)}",
+                type=UNKNOWN_TOOL,
+            )
+
+    @workflow.update(name=EXTERNAL_MESSAGE)
+    async def external_message(self, msg: ExternalMessage) -> ExternalMessageOutcome:
+        """Store a message the external process posts (``assistant``: what it did; ``user``:
+        what it was asked) as turn ``n``'s message, so other agents read it in the transcript."""
+        await workflow.wait_condition(lambda: self._agent is not None)
+        assert self._agent is not None
+        self._turn += 1
+        sid = self._inp.session_id
+        message_id = f"{sid}:t{self._turn}:{msg.role}"
+        await workflow.execute_activity_method(
+            ExternalActivities.record_external_message,
+            ExternalMessageInput(
+                session_id=sid,
+                agent_slug=self._agent.slug,
+                message_id=message_id,
+                position=position(self._turn, 0, 0 if msg.role == "user" else 1),
+                role=msg.role,
+                text=msg.text,
+            ),
+            start_to_close_timeout=store_timeout(self._inp.config),
+            retry_policy=STORE_RETRY,
+            summary=f"external {msg.role} message",
+        )
+        return ExternalMessageOutcome(message_id=message_id)
+
+    @external_message.validator
+    def _validate_external_message(self, msg: ExternalMessage) -> None:
+        self._validate_external()
+        if not msg.text.strip():
+            raise ApplicationError("text must not be blank", type=INVALID_PROMPT)
+
+    def _validate_external(self) -> None:
+        if self._closed:
+            raise ApplicationError("the session is closed", type=SESSION_CLOSED)
+        if not self._inp.provenance.external:
+            raise ApplicationError(
+                "this session is not external (its turns are the model's)", type=NOT_EXTERNAL
+            )
 
     async def _delegation(
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall

@@ -11,15 +11,28 @@ from fastapi import APIRouter, Header, Path, Query, Request, status
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy.engine import Engine
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from temporalio.client import Client
 
-from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.deps import (
+    Caller,
+    CallerDep,
+    EngineDep,
+    SessionDep,
+    SettingsDep,
+    TemporalDep,
+    get_caller,
+    get_temporal,
+)
+from api.mcp import MCP_PATH
 from api.problems import problem_responses
-from baton import delegations, inquiries, launch, registry, sessions, teams
-from baton.auth import Role
+from baton import delegations, external, inquiries, launch, registry, sessions, teams
+from baton.auth import Forbidden, Role, Unauthorized
 from baton.contracts import MAX_MESSAGE_CHARS, Provenance, TeamSnapshot
 from baton.db import session_scope
 from baton.errors import BatonError
+from baton.external import ExternalIdentity
 from baton.schemas import MAX_OFFSET, Page
+from baton.settings import Settings
 from baton.spec import REF_PATTERN, SafeText, parse_ref
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -67,7 +80,12 @@ class SessionCreate(BaseModel):
     agent: str | None = Field(
         default=None, pattern=REF_PATTERN, description="`slug` (live) or `slug@version`."
     )
-    prompt: SafeText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    prompt: SafeText | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MESSAGE_CHARS,
+        description="The first message (required unless `external`).",
+    )
     sync: bool = Field(default=False, description="Wait for the final reply.")
     name: SafeText | None = Field(default=None, max_length=200)
     team: str | None = Field(
@@ -82,7 +100,24 @@ class SessionCreate(BaseModel):
         default=False, description="Solo: no ad-hoc delegation (ignored for team runs)."
     )
 
+    external: bool = Field(
+        default=False,
+        description="Issue 13: an external session (no prompt): an outside process takes its "
+        "turns and calls the X-Agent tools over MCP with the returned proxy token.",
+    )
+    token_ttl_s: int | None = Field(
+        default=None, ge=60, le=90 * 86400, description="External: proxy token lifetime (s)."
+    )
+
     _not_blank = field_validator("prompt")(_prompt)
+
+    @model_validator(mode="after")
+    def _prompt_unless_external(self) -> SessionCreate:
+        if self.external and (self.prompt is not None or self.team or self.sync):
+            raise ValueError("an external session takes no prompt, team or sync")
+        if not self.external and self.prompt is None:
+            raise ValueError("prompt is required (unless external)")
+        return self
 
 
 class MessageCreate(BaseModel):
@@ -101,6 +136,11 @@ class MessageCreate(BaseModel):
         pattern=r"^inquiry-[0-9a-f-]{36}$",
         description="Send an ambassador's draft (its inquiry id) as your message; "
         "instead of `prompt` (issue 15).",
+    )
+    role: Literal["user", "assistant"] = Field(
+        default="user",
+        description="Issue 13: on an external session, with its proxy token, the outside "
+        "process posts its own messages (`assistant`: what it did).",
     )
 
     _not_blank = field_validator("prompt")(_prompt)
@@ -138,6 +178,10 @@ class SessionAccepted(BaseModel):
     response: str | None = None
     message_id: str | None = None
     workflow_url: str
+    proxy_token: str | None = Field(
+        default=None, description="External sessions: the proxy token, shown once."
+    )
+    mcp_url: str | None = Field(default=None, description="External sessions: the MCP server.")
 
 
 class SessionDetail(sessions.SessionPublic):
@@ -165,6 +209,7 @@ class CancelAccepted(BaseModel):
 )
 async def create_session(
     body: SessionCreate,
+    request: Request,
     engine: EngineDep,
     settings: SettingsDep,
     client: TemporalDep,
@@ -173,6 +218,8 @@ async def create_session(
     """Resolve the agent to a pin, start its SessionWorkflow with the first message.
 
     In auth mode the user needs the ``user`` role on the agent (403 ``forbidden``).
+    ``external`` (issue 13): no first message; the answer carries the session's proxy
+    token (shown once) and the MCP server's URL.
     """
 
     def route() -> tuple[str, TeamSnapshot | None]:
@@ -202,6 +249,9 @@ async def create_session(
             return ref, team
 
     ref, team = await asyncio.to_thread(route)
+    if body.external:
+        return await _open_external(body, request, engine, settings, client, caller, ref)
+    assert body.prompt is not None  # checked by SessionCreate
     launched = await launch.launch_session(
         client,
         engine,
@@ -229,26 +279,107 @@ async def create_session(
     )
 
 
+async def _open_external(
+    body: SessionCreate,
+    request: Request,
+    engine: Engine,
+    settings: Settings,
+    client: Client,
+    caller: Caller,
+    ref: str,
+) -> SessionAccepted:
+    """``external: true`` (issue 13): the session, its proxy token and the MCP URL."""
+    opened = await external.open_external_session(
+        client,
+        engine,
+        task_queue=settings.task_queue,
+        config=settings.session_config(),
+        ref=ref,
+        provenance=Provenance(
+            created_by_user=caller.user, disable_delegation=body.disable_delegation
+        ),
+        name=body.name,
+        token_ttl_s=body.token_ttl_s,
+    )
+    return SessionAccepted(
+        session_id=opened.session_id,
+        status="idle",
+        agent=opened.agent,
+        version=opened.version,
+        workflow_url=settings.workflow_url(opened.session_id),
+        proxy_token=opened.proxy_token,
+        mcp_url=str(request.base_url).rstrip("/") + MCP_PATH,
+    )
+
+
+def _proxy_sender(engine: Engine, session_id: str, token: str) -> ExternalIdentity:
+    """The identity of a proxy token posting to ``session_id`` (issue 13): 401 for an
+    invalid one, 403 for another session's."""
+    with session_scope(engine) as s:
+        identity = external.authenticate(s, token)
+    if identity.session_id != session_id:
+        raise Forbidden("this proxy token belongs to another session")
+    return identity
+
+
+def _ordinary_target(engine: Engine, caller: Caller, session_id: str, role: str) -> None:
+    """404 / 403 (ACL) as before; an external session takes messages only with its proxy
+    token (401); ``role: assistant`` is for external sessions only (409 not_external)."""
+    with session_scope(engine) as s:
+        row = sessions.get_session(s, session_id=session_id)
+        caller.require(s, row.agent_slug, "user")
+        if external.is_external(s, session_id=session_id):
+            raise Unauthorized("an external session takes messages with its proxy token")
+    if role != "user":
+        raise external.NotExternal("only an external session takes assistant messages", path="role")
+
+
 @router.post(
     "/{session_id}/messages",
-    responses=problem_responses(404, 409, 422, 502, 503),
+    responses=problem_responses(401, 403, 404, 409, 422, 502, 503),
     summary="Send a message",
 )
 async def send_message(
     session_id: SessionIdPath,
     body: MessageCreate,
+    request: Request,
     engine: EngineDep,
     settings: SettingsDep,
-    client: TemporalDep,
-    caller: CallerDep,
+    authorization: Annotated[
+        str | None, Header(description="`Bearer <token>`: an API token, or a proxy token.")
+    ] = None,
 ) -> SessionAccepted:
     """Deliver a message by Update; 409 ``session_busy`` while a turn runs.
 
     ``from_draft`` sends the draft of one of the caller's inquiries on this session
     as the caller's own user turn (seed 002, 'Outbound relay'): 404
     ``inquiry_not_found``, 422 ``no_draft``, 409 ``draft_already_sent``.
+
+    External sessions (issue 13) take messages only with their proxy token, stored in
+    the transcript as they are (``role``; no model turn runs); ``role: assistant`` on
+    an ordinary session is 409 ``not_external``.
     """
-    await asyncio.to_thread(_require, engine, caller, "user", session_id=session_id)
+    token = external.bearer(authorization)
+    if token is not None and token.startswith(external.PROXY_PREFIX):
+        identity = await asyncio.to_thread(_proxy_sender, engine, session_id, token)
+        client = await get_temporal(
+            request, Caller(user=identity.user_id, auth=settings.auth == "on")
+        )
+        if body.prompt is None:  # from_draft: an ambassador's draft is a person's turn
+            raise external.NotExternal("an external session posts a prompt", path="from_draft")
+        message_id = await external.post_message(client, identity, role=body.role, text=body.prompt)
+        public = await asyncio.to_thread(_public, engine, session_id)
+        return SessionAccepted(
+            session_id=session_id,
+            status=public.status,
+            agent=public.agent,
+            version=public.version,
+            message_id=message_id,
+            workflow_url=settings.workflow_url(session_id),
+        )
+    caller = await asyncio.to_thread(get_caller, request, authorization)  # 401 first
+    client = await get_temporal(request, caller)
+    await asyncio.to_thread(_ordinary_target, engine, caller, session_id, body.role)
     prompt = body.prompt or ""
     if body.from_draft is not None:
         draft_id = body.from_draft
@@ -273,11 +404,7 @@ async def send_message(
 
         await asyncio.to_thread(sent)
 
-    def row() -> sessions.SessionPublic:
-        with session_scope(engine) as s:
-            return sessions.to_public(sessions.get_session(s, session_id=session_id))
-
-    public = await asyncio.to_thread(row)
+    public = await asyncio.to_thread(_public, engine, session_id)
     return SessionAccepted(
         session_id=session_id,
         status=public.status,
@@ -287,6 +414,11 @@ async def send_message(
         message_id=outcome.message_id if outcome else None,
         workflow_url=settings.workflow_url(session_id),
     )
+
+
+def _public(engine: Engine, session_id: str) -> sessions.SessionPublic:
+    with session_scope(engine) as s:
+        return sessions.to_public(sessions.get_session(s, session_id=session_id))
 
 
 @router.get("", responses=problem_responses(422), summary="List sessions")

@@ -1,0 +1,163 @@
+"""MCP servers as tools of Baton's agents (issue 13, item 4): a local MCP server built with the
+SDK, served over real HTTP, reached by a real worker through the `mcp_tool` activity."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.types import Receive, Scope, Send
+from temporalio.testing import WorkflowEnvironment
+
+from activities.mcp_tools import HeaderUnresolved, check_arguments, resolve_headers
+from baton.spec import AgentSpec
+from tests.conftest import serve
+from tests.test_api_reviews import Stack, messages, running_stack, settled
+from worker.stack import free_port
+
+SECRET = "s3cret-value"
+SEEN: list[str] = []
+
+
+def local_server() -> Any:
+    """An MCP server with a tool that works, one that errors and one an agent blocks."""
+    server = MCPServer("local", log_level="WARNING")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        return f"echo: {text}"
+
+    @server.tool()
+    def fail() -> str:
+        """Always fails."""
+        raise ToolError("the tool broke")
+
+    @server.tool()
+    def secret() -> str:
+        """Must never be offered to the agent (blocked)."""
+        return "leaked"
+
+    app = server.streamable_http_app(
+        stateless_http=True,
+        json_response=True,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+
+    async def recording(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            SEEN.append(headers.get(b"authorization", b"").decode())
+        await app(scope, receive, send)
+
+    return recording
+
+
+@pytest.fixture
+def mcp_url() -> Iterator[str]:
+    """The local MCP server under uvicorn on a loopback port."""
+    server, thread, base = serve(local_server())
+    try:
+        yield f"{base}/mcp"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def stack(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Stack]:
+    """API + worker (in this process: it reads MCP_TEST_TOKEN from the environment)."""
+    monkeypatch.setenv("MCP_TEST_TOKEN", SECRET)
+    with running_stack(temporal_env, tmp_path / "tools.db") as s:
+        yield s
+
+
+def test_remote_tools_succeed_error_and_stay_blocked(stack: Stack, mcp_url: str) -> None:
+    """The agent calls `local.echo` (its result), `local.fail` (the tool's error), `local.echo`
+    with bad arguments (refused by the schema before any call) and the blocked
+    `local.secret` (never offered, refused); an unreachable server costs only its tools.
+    The turn completes, and the secret header value is in no workflow input."""
+    http = stack.http
+    down = f"http://127.0.0.1:{free_port()}/mcp"
+    spec = {
+        "mcp_servers": [
+            {
+                "name": "local",
+                "url": mcp_url,
+                "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"},
+            },
+            {"name": "down", "url": down},
+        ],
+        "blocked_tools": ["local.secret"],
+        "playbook": [
+            {"when": "^(local|down)\\.", "reply": "DONE"},
+            {
+                "when": "go",
+                "reply": "Calling.",
+                "tool_calls": [
+                    {"tool": "local.echo", "args": {"text": "hi"}},
+                    {"tool": "local.fail", "args": {}},
+                    {"tool": "local.echo", "args": {"txt": 1}},
+                    {"tool": "local.secret", "args": {}},
+                ],
+            },
+        ],
+    }
+    assert (
+        http.post("/v1/agents", json={"slug": "user", "name": "U", "spec": spec}).status_code == 201
+    )
+    assert http.post("/v1/agents/user/publish").status_code == 201
+    resp = http.post("/v1/sessions", json={"agent": "user", "prompt": "go", "sync": True})
+    assert resp.status_code == 201, resp.text
+    sid = resp.json()["session_id"]
+    settled(http, sid)
+    tools = [m for m in messages(http, sid) if m["role"] == "tool"]
+    by_name = [(m["tool_name"], m["text"]) for m in tools]
+    assert by_name[0] == ("local.echo", "echo: hi")
+    assert by_name[1][0] == "local.fail" and by_name[1][1].startswith("mcp_tool_error: ")
+    assert "the tool broke" in by_name[1][1]
+    assert by_name[2][0] == "local.echo" and by_name[2][1].startswith("invalid_arguments: ")
+    assert by_name[3][0] == "local.secret" and "leaked" not in by_name[3][1]
+    assert messages(http, sid)[-1]["text"] == "DONE"
+    assert f"Bearer {SECRET}" in SEEN
+    # The snapshot the session runs with: local's two usable tools and down's error.
+    row = asyncio.run(_resolved_agent(stack, sid))
+    offered = sorted(f"{t['server']}.{t['name']}" for t in row["mcp_tools"] if t["name"])
+    assert offered == ["local.echo", "local.fail"]
+    assert any(t["server"] == "down" and t["error"] for t in row["mcp_tools"])
+    assert SECRET not in str(row)
+
+
+async def _resolved_agent(stack: Stack, sid: str) -> dict[str, Any]:
+    from baton.db import SessionRow, session_scope
+
+    with session_scope(stack.engine) as s:
+        row = s.get(SessionRow, sid)
+        assert row is not None and row.resolved_agent is not None
+        return row.resolved_agent
+
+
+def test_header_values_reference_secrets_by_name_only() -> None:
+    """A spec refuses a literal header value; a reference resolves from the environment
+    and a missing variable is named (never its value)."""
+    ok = {"name": "gh", "url": "https://x.example/mcp", "headers": {"Authorization": "Bearer ${T}"}}
+    AgentSpec.model_validate({"mcp_servers": [ok]})
+    literal = {**ok, "headers": {"Authorization": "Bearer ghp_123"}}
+    with pytest.raises(ValueError):
+        AgentSpec.model_validate({"mcp_servers": [literal]})
+    with pytest.raises(ValueError):
+        AgentSpec.model_validate({"mcp_servers": [ok, ok]})
+    assert resolve_headers({"A": "Bearer ${T}"}, {"T": "v"}) == {"A": "Bearer v"}
+    with pytest.raises(HeaderUnresolved, match=r"\$\{T\}"):
+        resolve_headers({"A": "Bearer ${T}"}, {})
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    assert check_arguments(schema, {"text": "x"}) is None
+    assert "required" in (check_arguments(schema, {}) or "")
