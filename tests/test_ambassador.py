@@ -27,7 +27,7 @@ from baton.db import (
     session_scope,
 )
 from baton.settings import Settings
-from tests.conftest import serve
+from tests.conftest import migrated, serve
 from tests.helpers import publish
 from tests.test_api_agents import assert_problem
 from tests.test_api_teams import live_team
@@ -86,7 +86,7 @@ def stack(
     ambassador ``briefer``, a step cap of :data:`MAX_STEPS` and voice on the stub."""
     db = tmp_path_factory.mktemp("amb") / "amb.db"
     settings = Settings(
-        database_url=f"sqlite:///{db}",
+        database_url=migrated(f"sqlite:///{db}"),
         temporal_address=temporal_env.client.service_client.config.target_host,
         task_queue=f"tq-{uuid.uuid4()}",
         default_ambassador="briefer",
