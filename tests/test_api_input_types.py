@@ -160,6 +160,7 @@ def auth_stack(
             "step_id": step.json()["step_id"],
             "team_id": "crew",
             "review_id": "review-00000000-0000-0000-0000-000000000000",
+            "inquiry_id": "inquiry-00000000-0000-0000-0000-000000000000",
         }
         try:
             yield users, st, ids
@@ -193,6 +194,13 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/steps"): {"agent": "alpha", "input": "x"},
     ("post", "/v1/steps/{step_id}/handoff"): {"decision": "approve"},
     ("put", "/v1/balance"): {"balance": 5},
+    ("post", "/v1/sessions/{session_id}/inquiries"): {"question": "What happened?"},
+}
+#: Multipart operations (the spoken inquiry): the file they take.
+FILES: dict[tuple[str, str], Any] = {
+    ("post", "/v1/sessions/{session_id}/inquiries/voice"): {
+        "audio": ("question.webm", b"\x1aE\xdf\xa3", "audio/webm")
+    },
 }
 
 
@@ -229,9 +237,10 @@ def test_every_operation_documents_the_problems_it_returns(
         documented = set(op["responses"])
         url = path.format(**ids)
         has_body = "requestBody" in op
+        json_body = "application/json" in op.get("requestBody", {}).get("content", {})
         seen = {status_of(users.anonymous, method, url, json=BODIES.get((method, path), {}))}
         assert seen == {401}, f"{method} {path} answered {seen} without a token"
-        if has_body:
+        if json_body:
             bad = status_of(
                 bob,
                 method,
@@ -241,7 +250,11 @@ def test_every_operation_documents_the_problems_it_returns(
             )
             assert bad == 400, f"{method} {path} answered {bad} to a body that is not UTF-8"
             seen.add(bad)
-        kwargs = {"json": BODIES[(method, path)]} if has_body else {}
+        kwargs: dict[str, Any] = {}
+        if json_body:
+            kwargs = {"json": BODIES[(method, path)]}
+        elif has_body:
+            kwargs = {"files": FILES[(method, path)]}
         seen.add(status_of(bob, method, url, **kwargs))
         undocumented += [f"{method.upper()} {path}: {s}" for s in seen if str(s) not in documented]
     assert not undocumented, undocumented
