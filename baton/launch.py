@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
     WorkflowUpdateFailedError,
     WorkflowUpdateStage,
 )
@@ -217,7 +218,15 @@ async def launch_session(
     except WorkflowUpdateFailedError as exc:
         raise _update_error(exc, session_id) from exc
     except RPCError as exc:
-        if await _started(client, session_id):
+        running = await _running(client, session_id)
+        if running:
+            # The workflow is alive: the server aborted the Update (it reloaded the run's
+            # state under load, "workflow update was aborted"). Transient: the caller
+            # retries with the same update id, which attaches to what was accepted.
+            raise EngineUnavailable(
+                f"Temporal aborted the message, the session is still running: {exc.message}"
+            ) from exc
+        if running is not None:
             # The workflow exists (it ended before answering, e.g. its agent vanished):
             # keep the row, the transcript says what happened.
             raise TurnFailed(f"the session ended: {exc.message}", session_id=session_id) from exc
@@ -241,12 +250,13 @@ def session_status(engine: Engine, session_id: str) -> str:
         return sessions.get_session(s, session_id=session_id).status
 
 
-async def _started(client: Client, session_id: str) -> bool:
+async def _running(client: Client, session_id: str) -> bool | None:
+    """Whether the session's workflow is running; None when it never started."""
     try:
-        await client.get_workflow_handle(session_id).describe()
+        desc = await client.get_workflow_handle(session_id).describe()
     except RPCError:
-        return False
-    return True
+        return None
+    return desc.status == WorkflowExecutionStatus.RUNNING
 
 
 def _forget(engine: Engine, session_id: str) -> None:
