@@ -25,7 +25,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlmodel import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from api.deps import TOKEN_COOKIE, Caller, get_caller
+from api.deps import TOKEN_COOKIE, Caller, get_caller, require_same_origin
 from baton import auth, delegations, inquiries, registry, reviews, sessions, teams, voice
 from baton.auth import Unauthorized
 from baton.db import ReviewRow, session_scope
@@ -101,7 +101,10 @@ def login_form(request: Request) -> HTMLResponse:
 
 @router.post("/login", response_model=None)
 def login(request: Request, token: Annotated[str, Form(max_length=200)]) -> Response:
-    """Check the token and keep it in the console's cookie."""
+    """Check the token and keep it in the console's cookie; 403 ``cross_origin_request``
+    for a login posted from another origin (login CSRF: it would plant another user's
+    token in this browser)."""
+    require_same_origin(request)
     engine = request.app.state.engine
     try:
         with session_scope(engine) as s:

@@ -1,0 +1,130 @@
+"""Adversarial regressions (session 4): the console cookie, external sessions, the ambassador."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.app import create_app
+from api.deps import TOKEN_COOKIE
+from baton import auth
+from baton.db import make_engine, session_scope
+from baton.settings import Settings
+from tests.conftest import migrated, serve
+
+# --- the console cookie across origins (CSRF) ------------------------------------------
+
+
+@pytest.fixture
+def cookie_api(tmp_path: Path) -> Iterator[tuple[httpx.Client, dict[str, str]]]:
+    """The real API in auth mode (no Temporal needed) with users alice and bob; their
+    plaintext tokens by user."""
+    url = migrated(f"sqlite:///{tmp_path / 'csrf.db'}")
+    server, thread, base = serve(create_app(Settings(database_url=url, auth="on")))
+    engine = make_engine(url)
+    tokens: dict[str, str] = {}
+    with session_scope(engine) as s:
+        for user in ("alice", "bob"):
+            auth.create_user(s, user_id=user)
+            tokens[user] = auth.issue_token(s, user_id=user)[1]
+    engine.dispose()
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            yield client, tokens
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _alice_agent(client: httpx.Client, token: str, slug: str) -> None:
+    who = {"Authorization": f"Bearer {token}"}
+    spec = {"playbook": [{"reply": "ok"}]}
+    made = client.post("/v1/agents", json={"slug": slug, "name": slug, "spec": spec}, headers=who)
+    assert made.status_code == 201, made.text
+    assert client.post(f"/v1/agents/{slug}/publish", headers=who).status_code == 201
+
+
+def _as_browser(client: httpx.Client, token: str, **headers: str) -> dict[str, str]:
+    """Headers a browser sends with the console's cookie (no Authorization header)."""
+    return {"Cookie": f"{TOKEN_COOKIE}={token}", **headers}
+
+
+def test_a_cookie_post_from_another_origin_of_the_same_site_is_refused(
+    cookie_api: tuple[httpx.Client, dict[str, str]],
+) -> None:
+    """A form POST from another port of the same host (same site, so SameSite=Strict still
+    sends the cookie) cannot retire alice's agent: 403 cross_origin_request, agent live."""
+    client, tokens = cookie_api
+    _alice_agent(client, tokens["alice"], "victim")
+    evil = f"http://localhost:{(client.base_url.port or 80) + 1}"
+    for headers in (
+        {"Origin": evil, "Sec-Fetch-Site": "same-site"},  # a modern browser
+        {"Origin": evil},  # a browser without Fetch Metadata
+        {"Origin": "null"},  # a sandboxed iframe or a data: page
+    ):
+        resp = client.post(
+            "/v1/agents/victim/retire", headers=_as_browser(client, tokens["alice"], **headers)
+        )
+        assert resp.status_code == 403, (headers, resp.text)
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert resp.json()["code"] == "cross_origin_request"
+    who = {"Authorization": f"Bearer {tokens['alice']}"}
+    assert client.get("/v1/agents/victim", headers=who).json()["retired"] is False
+
+
+def test_a_cookie_post_from_the_console_itself_still_works(
+    cookie_api: tuple[httpx.Client, dict[str, str]],
+) -> None:
+    """The console's own fetches (same origin; with or without Fetch Metadata) and bearer
+    clients (any Origin: a token is not sent by a browser on its own) keep working."""
+    client, tokens = cookie_api
+    _alice_agent(client, tokens["alice"], "kept")
+    own = f"http://{client.base_url.host}:{client.base_url.port}"
+    resp = client.post(
+        "/v1/agents/kept/retire",
+        headers=_as_browser(
+            client, tokens["alice"], Origin=own, **{"Sec-Fetch-Site": "same-origin"}
+        ),
+    )
+    assert resp.status_code == 200, resp.text
+    _alice_agent(client, tokens["alice"], "kept2")
+    resp = client.post(
+        "/v1/agents/kept2/retire", headers=_as_browser(client, tokens["alice"], Origin=own)
+    )
+    assert resp.status_code == 200, resp.text
+    _alice_agent(client, tokens["alice"], "kept3")
+    resp = client.post(
+        "/v1/agents/kept3/retire",
+        headers={"Authorization": f"Bearer {tokens['alice']}", "Origin": "http://elsewhere"},
+    )
+    assert resp.status_code == 200, resp.text
+    # Reading with the cookie needs no Origin (a GET changes nothing).
+    got = client.get("/v1/agents/kept", headers=_as_browser(client, tokens["alice"]))
+    assert got.status_code == 200
+
+
+def test_a_cross_origin_login_cannot_plant_bobs_token_in_alices_browser(
+    cookie_api: tuple[httpx.Client, dict[str, str]],
+) -> None:
+    """Login CSRF: a page elsewhere posting bob's token to /ui/login is refused (403, no
+    cookie set), so alice's console never acts as bob; the console's own login works."""
+    client, tokens = cookie_api
+    evil = f"http://localhost:{(client.base_url.port or 80) + 1}"
+    resp = client.post(
+        "/ui/login",
+        data={"token": tokens["bob"]},
+        headers={"Origin": evil, "Sec-Fetch-Site": "same-site"},
+    )
+    assert resp.status_code == 403
+    assert TOKEN_COOKIE not in resp.cookies
+    own = f"http://{client.base_url.host}:{client.base_url.port}"
+    resp = client.post(
+        "/ui/login",
+        data={"token": tokens["alice"]},
+        headers={"Origin": own, "Sec-Fetch-Site": "same-origin"},
+    )
+    assert resp.status_code == 303
+    assert resp.cookies.get(TOKEN_COOKIE) == tokens["alice"]
