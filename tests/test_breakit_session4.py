@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from activities.mcp_tools import HeaderUnresolved, resolve_headers
 from api.app import create_app
 from api.deps import TOKEN_COOKIE
 from baton import auth
@@ -128,3 +129,29 @@ def test_a_cross_origin_login_cannot_plant_bobs_token_in_alices_browser(
     )
     assert resp.status_code == 303
     assert resp.cookies.get(TOKEN_COOKIE) == tokens["alice"]
+
+
+# --- MCP server headers: which worker secrets may leave ---------------------------------
+
+
+def test_an_mcp_header_cannot_send_the_workers_own_secrets() -> None:
+    """A spec's header may name only variables the operator offers in
+    BATON_MCP_HEADER_SECRETS; Baton's own settings (the review secret that proves
+    decisions, the database URL) never leave, even when listed."""
+    env = {
+        "BATON_REVIEW_SECRET": "proof-key",
+        "BATON_DATABASE_URL": "postgresql://baton:pw@db/baton",
+        "OPENAI_API_KEY": "sk-model",
+        "GITHUB_TOKEN": "ghp_ok",
+        "BATON_MCP_HEADER_SECRETS": "GITHUB_TOKEN, BATON_REVIEW_SECRET",
+    }
+    for name in ("BATON_REVIEW_SECRET", "BATON_DATABASE_URL", "OPENAI_API_KEY"):
+        with pytest.raises(HeaderUnresolved, match="does not offer") as refused:
+            resolve_headers({"X-Leak": f"${{{name}}}"}, env)
+        assert env[name] not in str(refused.value)
+    assert resolve_headers({"Authorization": "Bearer ${GITHUB_TOKEN}"}, env) == {
+        "Authorization": "Bearer ghp_ok"
+    }
+    # Nothing offered, nothing resolved (the default).
+    with pytest.raises(HeaderUnresolved, match="does not offer"):
+        resolve_headers({"Authorization": "Bearer ${GITHUB_TOKEN}"}, {"GITHUB_TOKEN": "x"})
