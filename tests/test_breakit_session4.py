@@ -155,3 +155,34 @@ def test_an_mcp_header_cannot_send_the_workers_own_secrets() -> None:
     # Nothing offered, nothing resolved (the default).
     with pytest.raises(HeaderUnresolved, match="does not offer"):
         resolve_headers({"Authorization": "Bearer ${GITHUB_TOKEN}"}, {"GITHUB_TOKEN": "x"})
+
+
+# --- request bodies without a Content-Length ----------------------------------------------
+
+
+def _chunks(total: int, size: int = 64 * 1024) -> Iterator[bytes]:
+    """``total`` bytes of a JSON string body, sent chunked (no Content-Length)."""
+    yield b'{"slug": "x", "name": "'
+    sent = 0
+    while sent < total:
+        yield b"a" * size
+        sent += size
+    yield b'"}'
+
+
+def test_a_chunked_body_past_the_limit_is_413_like_a_declared_one(
+    cookie_api: tuple[httpx.Client, dict[str, str]],
+) -> None:
+    """A body sent chunked (no Content-Length) is counted as it arrives: 8 MiB passes the
+    limit (then fails validation, 422), one chunk past it is 413 payload_too_large."""
+    from api.app import MAX_BODY_BYTES
+
+    client, tokens = cookie_api
+    who = {"Authorization": f"Bearer {tokens['alice']}", "Content-Type": "application/json"}
+    at_bound = MAX_BODY_BYTES - 64 * 1024  # the JSON framing brings it to just under
+    resp = client.post("/v1/agents", content=_chunks(at_bound), headers=who)
+    assert resp.status_code == 422, resp.text[:200]
+    resp = client.post("/v1/agents", content=_chunks(MAX_BODY_BYTES + 1), headers=who)
+    assert resp.status_code == 413, resp.text[:200]
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    assert resp.json()["code"] == "payload_too_large"
