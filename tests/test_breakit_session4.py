@@ -186,3 +186,24 @@ def test_a_chunked_body_past_the_limit_is_413_like_a_declared_one(
     assert resp.status_code == 413, resp.text[:200]
     assert resp.headers["content-type"].startswith("application/problem+json")
     assert resp.json()["code"] == "payload_too_large"
+
+
+def test_the_console_cookie_is_secure_when_the_console_is_served_over_https(
+    cookie_api: tuple[httpx.Client, dict[str, str]],
+) -> None:
+    """Behind a TLS proxy (X-Forwarded-Proto: https from the trusted loopback) the login
+    cookie is Secure, so the browser never sends the token over plain HTTP; over plain
+    HTTP (baton dev) it is not, or the console could not log in at all."""
+    client, tokens = cookie_api
+    own = f"{client.base_url.host}:{client.base_url.port}"
+    over_tls = client.post(
+        "/ui/login",
+        data={"token": tokens["alice"]},
+        headers={"X-Forwarded-Proto": "https", "Origin": f"https://{own}"},
+    )
+    assert over_tls.status_code == 303
+    cookie = over_tls.headers["set-cookie"].lower()
+    assert "secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+    plain = client.post("/ui/login", data={"token": tokens["alice"]})
+    assert plain.status_code == 303
+    assert "secure" not in plain.headers["set-cookie"].lower()

@@ -117,7 +117,12 @@ def login(request: Request, token: Annotated[str, Form(max_length=200)]) -> Resp
             status_code=401,
         )
     out = RedirectResponse("/ui/inbox", status_code=303)
-    out.set_cookie(TOKEN_COOKIE, token.strip(), httponly=True, samesite="strict", path="/")
+    # Secure over HTTPS (also behind a TLS proxy, via uvicorn's trusted X-Forwarded-Proto),
+    # so the token never travels in clear; plain HTTP (baton dev) could not log in with it.
+    secure = request.url.scheme == "https"
+    out.set_cookie(
+        TOKEN_COOKIE, token.strip(), httponly=True, samesite="strict", secure=secure, path="/"
+    )
     return out
 
 
