@@ -207,3 +207,18 @@ def test_the_console_cookie_is_secure_when_the_console_is_served_over_https(
     plain = client.post("/ui/login", data={"token": tokens["alice"]})
     assert plain.status_code == 303
     assert "secure" not in plain.headers["set-cookie"].lower()
+
+
+def test_console_pages_cannot_be_framed(cookie_api: tuple[httpx.Client, dict[str, str]]) -> None:
+    """Every console page (the login and a logged-in page) forbids framing (CSP
+    frame-ancestors 'none', X-Frame-Options DENY): a page of another origin could else
+    frame the inbox, whose own clicks are same-origin, and trick a user into approving."""
+    client, tokens = cookie_api
+    for resp in (
+        client.get("/ui/login"),
+        client.get("/ui/inbox", headers=_as_browser(client, tokens["alice"])),
+    ):
+        assert resp.status_code == 200
+        assert "frame-ancestors 'none'" in resp.headers["content-security-policy"]
+        assert "default-src 'self'" in resp.headers["content-security-policy"]
+        assert resp.headers["x-frame-options"] == "DENY"

@@ -45,6 +45,26 @@ INBOX_POLL_S = 0.3
 RECENT_REVIEWS = 20
 
 
+#: Headers of every console page: its own files only (no CDN, no inline script), and never
+#: inside a frame: a framed inbox's clicks are same-origin, so the cross-origin check
+#: (api.deps.require_same_origin) could not stop a clickjacked approval.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'; object-src 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+
+
+def page(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    """A console page rendered from template ``name``, with :data:`PAGE_HEADERS`."""
+    return templates.TemplateResponse(
+        request, name, context, status_code=status_code, headers=PAGE_HEADERS
+    )
+
+
 class LoginRequired(Exception):
     """A console page was asked for without a valid token (auth mode): go to the login."""
 
@@ -66,9 +86,7 @@ def _settings(request: Request) -> Settings:
 
 
 def _page(request: Request, name: str, caller: Caller, **context: Any) -> HTMLResponse:
-    return templates.TemplateResponse(
-        request, name, {"user": caller.user, "auth": caller.auth, **context}
-    )
+    return page(request, name, {"user": caller.user, "auth": caller.auth, **context})
 
 
 def review_card(row: ReviewRow, timeout_s: float) -> dict[str, Any]:
@@ -96,7 +114,7 @@ def inbox_state(session: Session, caller: Caller, timeout_s: float) -> dict[str,
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request) -> HTMLResponse:
     """The token login (auth mode)."""
-    return templates.TemplateResponse(request, "login.html", {"error": None, "user": None})
+    return page(request, "login.html", {"error": None, "user": None})
 
 
 @router.post("/login", response_model=None)
@@ -110,7 +128,7 @@ def login(request: Request, token: Annotated[str, Form(max_length=200)]) -> Resp
         with session_scope(engine) as s:
             auth.user_for_token(s, token.strip())
     except Unauthorized:
-        return templates.TemplateResponse(
+        return page(
             request,
             "login.html",
             {"error": "That token is not valid.", "user": None},
