@@ -222,3 +222,16 @@ def test_console_pages_cannot_be_framed(cookie_api: tuple[httpx.Client, dict[str
         assert "frame-ancestors 'none'" in resp.headers["content-security-policy"]
         assert "default-src 'self'" in resp.headers["content-security-policy"]
         assert resp.headers["x-frame-options"] == "DENY"
+
+
+def test_a_cross_origin_logout_is_refused(cookie_api: tuple[httpx.Client, dict[str, str]]) -> None:
+    """A page elsewhere cannot log the console out (403, the cookie is kept); the
+    console's own Log out button (same origin) still clears it."""
+    client, _tokens = cookie_api
+    evil = f"http://localhost:{(client.base_url.port or 80) + 1}"
+    resp = client.post("/ui/logout", headers={"Origin": evil, "Sec-Fetch-Site": "same-site"})
+    assert resp.status_code == 403
+    assert "set-cookie" not in resp.headers
+    resp = client.post("/ui/logout", headers={"Sec-Fetch-Site": "same-origin"})
+    assert resp.status_code == 303
+    assert f'{TOKEN_COOKIE}=""' in resp.headers["set-cookie"]

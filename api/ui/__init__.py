@@ -145,8 +145,9 @@ def login(request: Request, token: Annotated[str, Form(max_length=200)]) -> Resp
 
 
 @router.post("/logout")
-def logout() -> RedirectResponse:
-    """Forget the console's token."""
+def logout(request: Request) -> RedirectResponse:
+    """Forget the console's token; 403 ``cross_origin_request`` from another origin."""
+    require_same_origin(request)
     out = RedirectResponse("/ui/login", status_code=303)
     out.delete_cookie(TOKEN_COOKIE, path="/")
     return out
