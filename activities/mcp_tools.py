@@ -42,20 +42,47 @@ MAX_RESULT_CHARS = 32_000
 _REF = re.compile(r"\$\{([A-Z][A-Z0-9_]{0,127})\}")
 
 
+#: The worker's variable listing the names header references may use (comma or space
+#: separated): the operator's allow-list of MCP credentials.
+SECRETS_VAR = "BATON_MCP_HEADER_SECRETS"
+#: Baton's own settings (review secret, database URL, Temporal API key, model and voice
+#: keys) are never MCP credentials, whatever the allow-list says.
+_OWN_PREFIX = "BATON_"
+
+
 class HeaderUnresolved(Exception):
-    """A header references a variable the worker does not have."""
+    """A header references a variable the worker does not have or does not offer."""
+
+
+def offered_secrets(env: Mapping[str, str]) -> frozenset[str]:
+    """The variable names ``env`` offers to MCP headers: :data:`SECRETS_VAR`'s list,
+    without Baton's own ``BATON_…`` settings."""
+    names = re.split(r"[\s,]+", env.get(SECRETS_VAR, "").strip())
+    return frozenset(n for n in names if n and not n.startswith(_OWN_PREFIX))
 
 
 def resolve_headers(headers: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
-    """Header values with each ``${NAME}`` replaced by ``env[NAME]``.
+    """Header values with each ``${NAME}`` replaced by ``env[NAME]``, for names the
+    operator offers (:func:`offered_secrets`) only.
 
+    The spec's author picks the URL, so a reference to any variable would send any
+    worker secret (``BATON_REVIEW_SECRET``, which proves review decisions; the database
+    URL; a model key) to a server of their choosing: the one rule of which secrets may
+    leave is here, and every connection (discovery and ``mcp_tool``) comes through it.
     Raises HeaderUnresolved naming the header and the variable (never a value).
     """
+    offered = offered_secrets(env)
     out: dict[str, str] = {}
     for key, value in headers.items():
 
         def sub(found: re.Match[str], header: str = key) -> str:
             name = found.group(1)
+            if name not in offered:
+                msg = (
+                    f"header {header} references ${{{name}}}, which the worker does not offer "
+                    f"to MCP servers (list it in {SECRETS_VAR}; BATON_… settings never are)"
+                )
+                raise HeaderUnresolved(msg)
             if name not in env:
                 msg = f"header {header} references ${{{name}}}, which the worker does not have"
                 raise HeaderUnresolved(msg)

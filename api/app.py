@@ -22,6 +22,7 @@ from temporalio.client import Client
 
 from api import ui
 from api.deps import app_temporal
+from api.limits import BodyLimit
 from api.mcp import MountedMCP
 from api.problems import (
     PROBLEM_JSON,
@@ -139,23 +140,8 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     )
     install_problem_handlers(app)
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        # Refuse oversized bodies before reading them (the largest valid spec is far smaller).
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return problem_response(
-                {
-                    "type": "about:blank",
-                    "title": "Payload too large",
-                    "status": 413,
-                    "detail": f"request bodies are limited to {MAX_BODY_BYTES} bytes",
-                    "code": "payload_too_large",
-                }
-            )
-        return await call_next(request)
+    # Refuse oversized bodies, declared or streamed (the largest valid spec is far smaller).
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness")
     def healthz() -> dict[str, str]:

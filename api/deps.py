@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Header, Request
 from sqlalchemy.engine import Engine
@@ -14,12 +15,54 @@ from temporalio.client import Client
 
 from baton import auth as access
 from baton.db import session_scope
-from baton.errors import EngineUnavailable
+from baton.errors import BatonError, EngineUnavailable
 from baton.settings import Settings
 
 log = logging.getLogger("baton.api")
 #: Cookie of the web console holding the bearer token (issue 15).
 TOKEN_COOKIE = "baton_token"
+#: Methods that change nothing: a cookie may carry them from anywhere (a link, a reload).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class CrossOriginRequest(BatonError):
+    """A state-changing request with the console's cookie sent from another origin (403)."""
+
+    code = "cross_origin_request"
+    status = 403
+    title = "Cross-origin request refused"
+
+
+def _netloc(value: str, scheme: str) -> str:
+    host = value.lower()
+    default = {"http": ":80", "https": ":443"}.get(scheme, "")
+    return host[: -len(default)] if default and host.endswith(default) else host
+
+
+def require_same_origin(request: Request) -> None:
+    """Refuse (CrossOriginRequest, 403 ``cross_origin_request``) a state-changing request
+    a browser sent from a page of another origin; the one CSRF rule, for every request
+    whose credentials a browser attaches on its own (the console cookie, the login form).
+
+    SameSite=Strict is not enough: it keeps the cookie from other *sites*, but another
+    port or subdomain of the same host is the same site (OWASP CSRF cheat sheet,
+    'Fetch Metadata' and 'Verifying origin with standard headers'). ``Sec-Fetch-Site``
+    must be ``same-origin`` (or ``none``) when sent; else an ``Origin`` header, when
+    sent, must name this host (``null`` never does). A request with neither header does
+    not come from a browser page, so it is not a forgery vector. Safe methods pass.
+    """
+    if request.method in SAFE_METHODS:
+        return
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site.lower() not in ("same-origin", "none"):
+        raise CrossOriginRequest(f"refused a {site} request carrying the console's cookie")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    parts = urlsplit(origin)
+    host = request.headers.get("host", "")
+    if not parts.netloc or _netloc(parts.netloc, parts.scheme) != _netloc(host, parts.scheme):
+        raise CrossOriginRequest(f"refused a request from origin {origin[:100]!r}")
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -100,6 +143,7 @@ def get_caller(
     if settings.auth == "off":
         return Caller(user=access.LOCAL_USER, auth=False)
     if authorization is None and request.cookies.get(TOKEN_COOKIE):
+        require_same_origin(request)  # a browser sends the cookie on its own (CSRF)
         authorization = f"Bearer {request.cookies[TOKEN_COOKIE]}"
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():

@@ -76,6 +76,7 @@ def stack(
 ) -> Iterator[Stack]:
     """API + worker (in this process: it reads MCP_TEST_TOKEN from the environment)."""
     monkeypatch.setenv("MCP_TEST_TOKEN", SECRET)
+    monkeypatch.setenv("BATON_MCP_HEADER_SECRETS", "MCP_TEST_TOKEN")
     with running_stack(temporal_env, tmp_path / "tools.db") as s:
         yield s
 
@@ -155,9 +156,10 @@ def test_header_values_reference_secrets_by_name_only() -> None:
         AgentSpec.model_validate({"mcp_servers": [literal]})
     with pytest.raises(ValueError):
         AgentSpec.model_validate({"mcp_servers": [ok, ok]})
-    assert resolve_headers({"A": "Bearer ${T}"}, {"T": "v"}) == {"A": "Bearer v"}
+    offers = {"BATON_MCP_HEADER_SECRETS": "T"}
+    assert resolve_headers({"A": "Bearer ${T}"}, {"T": "v", **offers}) == {"A": "Bearer v"}
     with pytest.raises(HeaderUnresolved, match=r"\$\{T\}"):
-        resolve_headers({"A": "Bearer ${T}"}, {})
+        resolve_headers({"A": "Bearer ${T}"}, offers)
     schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
     assert check_arguments(schema, {"text": "x"}) is None
     assert "required" in (check_arguments(schema, {}) or "")

@@ -25,7 +25,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlmodel import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from api.deps import TOKEN_COOKIE, Caller, get_caller
+from api.deps import TOKEN_COOKIE, Caller, get_caller, require_same_origin
 from baton import auth, delegations, inquiries, registry, reviews, sessions, teams, voice
 from baton.auth import Unauthorized
 from baton.db import ReviewRow, session_scope
@@ -43,6 +43,26 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 INBOX_POLL_S = 0.3
 #: Resolved reviews the inbox keeps showing (their outcome), newest first.
 RECENT_REVIEWS = 20
+
+
+#: Headers of every console page: its own files only (no CDN, no inline script), and never
+#: inside a frame: a framed inbox's clicks are same-origin, so the cross-origin check
+#: (api.deps.require_same_origin) could not stop a clickjacked approval.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'; object-src 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+
+
+def page(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    """A console page rendered from template ``name``, with :data:`PAGE_HEADERS`."""
+    return templates.TemplateResponse(
+        request, name, context, status_code=status_code, headers=PAGE_HEADERS
+    )
 
 
 class LoginRequired(Exception):
@@ -66,9 +86,7 @@ def _settings(request: Request) -> Settings:
 
 
 def _page(request: Request, name: str, caller: Caller, **context: Any) -> HTMLResponse:
-    return templates.TemplateResponse(
-        request, name, {"user": caller.user, "auth": caller.auth, **context}
-    )
+    return page(request, name, {"user": caller.user, "auth": caller.auth, **context})
 
 
 def review_card(row: ReviewRow, timeout_s: float) -> dict[str, Any]:
@@ -96,31 +114,40 @@ def inbox_state(session: Session, caller: Caller, timeout_s: float) -> dict[str,
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request) -> HTMLResponse:
     """The token login (auth mode)."""
-    return templates.TemplateResponse(request, "login.html", {"error": None, "user": None})
+    return page(request, "login.html", {"error": None, "user": None})
 
 
 @router.post("/login", response_model=None)
 def login(request: Request, token: Annotated[str, Form(max_length=200)]) -> Response:
-    """Check the token and keep it in the console's cookie."""
+    """Check the token and keep it in the console's cookie; 403 ``cross_origin_request``
+    for a login posted from another origin (login CSRF: it would plant another user's
+    token in this browser)."""
+    require_same_origin(request)
     engine = request.app.state.engine
     try:
         with session_scope(engine) as s:
             auth.user_for_token(s, token.strip())
     except Unauthorized:
-        return templates.TemplateResponse(
+        return page(
             request,
             "login.html",
             {"error": "That token is not valid.", "user": None},
             status_code=401,
         )
     out = RedirectResponse("/ui/inbox", status_code=303)
-    out.set_cookie(TOKEN_COOKIE, token.strip(), httponly=True, samesite="strict", path="/")
+    # Secure over HTTPS (also behind a TLS proxy, via uvicorn's trusted X-Forwarded-Proto),
+    # so the token never travels in clear; plain HTTP (baton dev) could not log in with it.
+    secure = request.url.scheme == "https"
+    out.set_cookie(
+        TOKEN_COOKIE, token.strip(), httponly=True, samesite="strict", secure=secure, path="/"
+    )
     return out
 
 
 @router.post("/logout")
-def logout() -> RedirectResponse:
-    """Forget the console's token."""
+def logout(request: Request) -> RedirectResponse:
+    """Forget the console's token; 403 ``cross_origin_request`` from another origin."""
+    require_same_origin(request)
     out = RedirectResponse("/ui/login", status_code=303)
     out.delete_cookie(TOKEN_COOKIE, path="/")
     return out
