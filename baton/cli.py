@@ -889,7 +889,7 @@ def usage(
             str(g["requests"]),
             str(g["input_tokens"]),
             str(g["output_tokens"]),
-            f"{g['cost_usd']:.6f}",
+            "unknown" if g["cost_usd"] is None else f"{g['cost_usd']:.6f}",
         )
     console.print(table)
     console.print("balance: " + ("unlimited" if balance is None else f"${balance:.4f}"))
