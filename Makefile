@@ -12,8 +12,11 @@ install: $(STAMP)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# Not --quiet: the first install takes a minute or two, and pip's progress shows it is
+# working (issue 12, item 7: the newcomer's first `make demo` looked stuck).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@echo "Installing Baton and its dependencies into $(VENV)/ (first run: a minute or two) ..."
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
 	touch $@
 
 lint: $(STAMP)

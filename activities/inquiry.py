@@ -198,7 +198,7 @@ class InquiryActivities:
                 model=model,
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
-                cost_usd=usage.cost_usd or 0.0,
+                cost_usd=usage.cost_usd,  # None: unpriced (issue 12, item 7)
             )
             inquiries.add_step(
                 s,

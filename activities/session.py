@@ -527,7 +527,7 @@ class SessionActivities:
                 model=model,
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
-                cost_usd=usage.cost_usd or 0.0,
+                cost_usd=usage.cost_usd,  # None: unpriced (issue 12, item 7)
             )
             if last_chunk:
                 self._chunk_event(s, inp, last_chunk, attempt)

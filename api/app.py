@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from api import ui
+from api import docs, ui
 from api.deps import app_temporal
 from api.limits import BodyLimit
 from api.mcp import MountedMCP
@@ -137,8 +137,11 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
         version="0.1.0",
         description="Durable multi-agent orchestration on Temporal.",
         lifespan=lifespan,
+        docs_url=None,  # served offline by api.docs (issue 12, item 7)
+        redoc_url=None,  # ReDoc would load its script from a CDN
     )
     install_problem_handlers(app)
+    docs.install(app)
 
     # Refuse oversized bodies, declared or streamed (the largest valid spec is far smaller).
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)

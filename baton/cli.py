@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
+from typer.core import TyperGroup
 
 from baton.contracts import ResolvedAgent, ResolvedNode
 from baton.errors import BatonError
@@ -420,6 +421,7 @@ def dev(
         console.print(
             f"[bold green]Baton is up[/]  API http://127.0.0.1:{port}  "
             f"Console http://127.0.0.1:{port}/ui  "
+            f"Temporal {cfg.temporal_address}  "
             f"Temporal UI {cfg.temporal_ui_url}  (Ctrl-C to stop)"
         )
         _serve(cfg, lambda stop: run_services(cfg, stop=stop, api_port=port))
@@ -484,6 +486,8 @@ def follow(
                 )
                 if on_review is not None:
                     on_review(data)
+                else:
+                    console.print(f"    [dim]{escape(review_hint(data['review_id']))}[/]")
             elif kind == "delegation_start":
                 console.print(
                     f"  [blue]⇢ {data.get('kind', 'delegation')} → {data['target_agent_id']}[/]"
@@ -500,6 +504,21 @@ def follow(
                     f"  [magenta]▶ review {data['status']}[/] by {escape(str(data['decided_by']))}"
                 )
     return last, failed
+
+
+def review_hint(review_id: str) -> str:
+    """How to decide a review from the shell, and how long it waits (issue 12, item 7).
+
+    The wait is this process's ``BATON_REVIEW_TIMEOUT`` (seconds): the worker that runs
+    the session reads the same setting, after which the review is denied (seed 003).
+    """
+    from baton.settings import get_settings
+
+    timeout = get_settings().review_timeout
+    return (
+        f"approve: baton reviews approve {review_id}  ·  deny: baton reviews deny {review_id}"
+        f"  ·  denied automatically {timeout:g} s after it opened (BATON_REVIEW_TIMEOUT)"
+    )
 
 
 def print_transcript(http: httpx.Client, session_id: str) -> None:
@@ -664,24 +683,33 @@ def demo(
 
 
 def _usage_line(u: dict[str, object]) -> str:
-    cost = f" · ${u['cost_usd']:.4f}" if u.get("cost_usd") is not None else ""
-    return f"{u['input_tokens']}/{u['output_tokens']} tokens{cost} · {u['wall_ms']} ms"
+    """``tokens in/out · cost · model time`` of a trace node; an unpriced model's cost
+    (``cost_usd`` null: no price known for it) reads "cost unknown", never $0."""
+    cost = u.get("cost_usd")
+    priced = f"${cost:.4f}" if isinstance(cost, int | float) else "unknown"
+    return (
+        f"tokens in/out {u['input_tokens']}/{u['output_tokens']} · cost {priced}"
+        f" · model time {u['wall_ms']} ms"
+    )
 
 
 def render_trace(node: dict[str, object]) -> Tree:
-    """The delegation tree (``GET /v1/sessions/{id}/trace``) as a Rich tree."""
+    """The delegation tree (``GET /v1/sessions/{id}/trace``) as a Rich tree: per node the
+    agent, the session's id and status, the delegation's kind and status, usage and the
+    delegation's wall-clock time (issue 12, item 7)."""
 
     def label(n: dict[str, object]) -> str:
         d = n.get("delegation") or {}
         assert isinstance(d, dict)
         how = f"[blue]{d['kind']}[/] " if d else ""
         alias = f" ({d['alias']})" if d.get("alias") else ""
-        wall = f" · {d['wall_ms']} ms" if d.get("wall_ms") is not None else ""
+        outcome = f" · delegation {d['status']}" if d.get("status") else ""
+        wall = f" · delegation wall {d['wall_ms']} ms" if d.get("wall_ms") is not None else ""
         step = n["usage"]
         assert isinstance(step, dict)
         text = (
-            f"{how}[bold]{n['agent']}@{n['version']}[/]{alias} · {n['status']}"
-            f" · {_usage_line(step)}{wall}"
+            f"{how}[bold]{n['agent']}@{n['version']}[/]{alias} · session {n['session_id']}"
+            f" ({n['status']}){outcome}\n{_usage_line(step)}{wall}"
         )
         if d.get("task"):
             text += f"\n[dim]{escape(str(d['task']))[:120]}[/]"
@@ -715,10 +743,32 @@ def trace(
 
 # --- steps, usage, balance (over the API) ---------------------------------------
 
+ApiOption = Annotated[
+    str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
+]
 STEP_DONE = ("completed", "failed", "rejected", "awaiting_handoff")
+STEP_DECISIONS = ("approve", "revise", "reject")
 
 
-@app.command()
+class _StepGroup(TyperGroup):
+    """``baton step``: ``run`` is the default subcommand, so ``baton step AGENT -i …``
+    (the pre-issue-12 form) still runs a step; ``approve|revise|reject|run`` are the
+    subcommands (an agent with one of those slugs: ``baton step run approve -i …``)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+step_app = typer.Typer(
+    cls=_StepGroup,
+    help="Workflow-agent steps: run one (the default), decide its handoff (talks to the API).",
+)
+app.add_typer(step_app, name="step")
+
+
+@step_app.command("run")
 def step(
     ref: Annotated[str, typer.Argument(help="AGENT or AGENT@VERSION (a slug is pinned at launch)")],
     input_file: Annotated[
@@ -769,8 +819,56 @@ def step(
             f"decide: POST /v1/steps/{step_id}/handoff "
             '{"decision": "approve" | "revise" | "reject", "feedback": …}'
         )
+        console.print(
+            f"  or: baton step approve {step_id}  ·  baton step revise {step_id} "
+            f'--feedback "…"  ·  baton step reject {step_id}',
+            soft_wrap=True,
+            highlight=False,
+        )
     if state["status"] in ("failed", "rejected"):
         raise typer.Exit(1)
+
+
+def _handoff(step_id: str, decision: str, feedback: str | None, api_url: str | None) -> None:
+    """Deliver a handoff decision and print the step as the API returns it after it."""
+    body: dict[str, object] = {"decision": decision}
+    if feedback is not None:
+        body["feedback"] = feedback
+    with _api_client(api_url) as http:
+        state = _checked(http.post(f"/v1/steps/{step_id}/handoff", json=body))
+    console.print(
+        f"{step_id}: {decision} → [bold]{state['status']}[/] after {state['attempts']} attempt(s)",
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
+StepIdArg = Annotated[str, typer.Argument(help="step-… id (awaiting_handoff)")]
+FeedbackOption = Annotated[
+    str | None, typer.Option(help="Feedback for the agent (revise) or the reason (reject).")
+]
+
+
+@step_app.command("approve")
+def step_approve(step_id: StepIdArg, api_url: ApiOption = None) -> None:
+    """Accept the deliverable of a step awaiting handoff: it completes."""
+    _handoff(step_id, "approve", None, api_url)
+
+
+@step_app.command("revise")
+def step_revise(
+    step_id: StepIdArg, feedback: FeedbackOption = None, api_url: ApiOption = None
+) -> None:
+    """Send the deliverable back with feedback: the agent makes another attempt."""
+    _handoff(step_id, "revise", feedback, api_url)
+
+
+@step_app.command("reject")
+def step_reject(
+    step_id: StepIdArg, feedback: FeedbackOption = None, api_url: ApiOption = None
+) -> None:
+    """Refuse the deliverable: the step ends rejected."""
+    _handoff(step_id, "reject", feedback, api_url)
 
 
 @app.command()
@@ -791,7 +889,7 @@ def usage(
             str(g["requests"]),
             str(g["input_tokens"]),
             str(g["output_tokens"]),
-            f"{g['cost_usd']:.6f}",
+            "unknown" if g["cost_usd"] is None else f"{g['cost_usd']:.6f}",
         )
     console.print(table)
     console.print("balance: " + ("unlimited" if balance is None else f"${balance:.4f}"))
@@ -807,10 +905,6 @@ balance_app = typer.Typer(help="The organisation balance, the spending ceiling (
 app.add_typer(users_app, name="users")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(balance_app, name="balance")
-
-ApiOption = Annotated[
-    str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
-]
 
 
 @contextlib.contextmanager
@@ -828,7 +922,13 @@ def _api_client(api_url: str | None) -> Iterator[httpx.Client]:
         try:
             yield http
         except httpx.HTTPError as exc:
-            err_console.print(f"[bold red]error[/] cannot reach {url}: {exc} (is `baton dev` up?)")
+            where = "--api" if api_url else "BATON_API_URL"
+            err_console.print(
+                f"[bold red]error[/] cannot reach {url} (the Baton API, from {where}): {exc} "
+                "(is `baton dev` up? set BATON_API_URL or --api to where the API listens)",
+                soft_wrap=True,
+                highlight=False,
+            )
             raise typer.Exit(1) from exc
 
 

@@ -367,7 +367,7 @@ class UsageRow(SQLModel, table=True):
     requests: int = 1
     input_tokens: int = 0
     output_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = None  # None: no price known for the model (issue 12)
     at: datetime = _ts()
 
 

@@ -394,6 +394,8 @@ class TraceNode(BaseModel):
 
 
 def _usage(session: Session, session_id: str) -> StepUsage:
+    from baton import metering  # metering imports this module
+
     out = StepUsage()
     rows = session.exec(
         select(MessageRow.usage).where(
@@ -407,15 +409,15 @@ def _usage(session: Session, session_id: str) -> StepUsage:
         out.input_tokens += int(u.get("input_tokens", 0))
         out.output_tokens += int(u.get("output_tokens", 0))
         out.wall_ms += int(u.get("wall_ms", 0))
-        if u.get("cost_usd") is not None:
-            out.cost_usd = (out.cost_usd or 0.0) + float(u["cost_usd"])
+    costs = [u.get("cost_usd") for u in rows if u and int(u.get("requests", 0))]
+    out.cost_usd = metering.sum_costs(float(c) if c is not None else None for c in costs)
     return out
 
 
 def _add(a: StepUsage, b: StepUsage) -> StepUsage:
-    cost = (
-        None if a.cost_usd is None and b.cost_usd is None else (a.cost_usd or 0) + (b.cost_usd or 0)
-    )
+    from baton import metering  # metering imports this module
+
+    cost = metering.sum_costs([a.cost_usd, b.cost_usd])
     return StepUsage(
         requests=a.requests + b.requests,
         input_tokens=a.input_tokens + b.input_tokens,

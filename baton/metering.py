@@ -13,6 +13,7 @@ running cost would take the balance below zero.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Literal
 
@@ -82,7 +83,9 @@ class UsageGroup(BaseModel):
     requests: int
     input_tokens: int
     output_tokens: int
-    cost_usd: float
+    cost_usd: float | None = Field(
+        description="USD; null when a call of the group has no known price (see sum_costs)."
+    )
 
 
 GroupBy = Literal["agent", "session", "step", "day", "model"]
@@ -93,6 +96,19 @@ _COLUMN = {
     "day": UsageRow.day,
     "model": UsageRow.model,
 }
+
+
+def sum_costs(costs: Iterable[float | None]) -> float | None:
+    """The total cost (USD) of model calls, or None when any one's cost is unknown (no
+    price known for its model): a partial sum would read as a real, too-low figure.
+    The rule of every total Baton shows: ``GET /v1/usage``, the trace (issue 12, item 7).
+    """
+    total = 0.0
+    for cost in costs:
+        if cost is None:
+            return None
+        total += cost
+    return total
 
 
 def price_cost(
@@ -136,7 +152,7 @@ def record(
     model: str,
     input_tokens: int,
     output_tokens: int,
-    cost_usd: float,
+    cost_usd: float | None,
 ) -> bool:
     """Meter one model call once (keyed by its message id) and charge the balance.
 
@@ -212,6 +228,7 @@ def usage(
             func.sum(UsageRow.input_tokens),
             func.sum(UsageRow.output_tokens),
             func.sum(UsageRow.cost_usd),
+            func.count() - func.count(col(UsageRow.cost_usd)),  # calls of unknown cost
         )
         .where(*conditions)
         .group_by(col(key))
@@ -223,7 +240,7 @@ def usage(
             requests=int(r or 0),
             input_tokens=int(i or 0),
             output_tokens=int(o or 0),
-            cost_usd=float(c or 0.0),
+            cost_usd=sum_costs([float(c or 0.0), None if unknown else 0.0]),
         )
-        for k, r, i, o, c in rows
+        for k, r, i, o, c, unknown in rows
     ]

@@ -22,7 +22,7 @@ from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
-from baton.db import EventRow, MessageRow, SessionRow, page, utcnow
+from baton.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
 from baton.errors import SessionNotFound
 
 SUMMARY_CHARS = 300
@@ -188,8 +188,12 @@ def list_sessions(
     offset: int = 0,
     agents: list[str] | None = None,
 ) -> tuple[list[SessionRow], int]:
-    """Sessions newest first (optionally of one agent, or of ``agents``), and the total count."""
-    where = []
+    """Sessions newest first (optionally of one agent, or of ``agents``), and the total count.
+
+    Steps are not sessions here (issue 12, item 4): a step keeps its transcript in a
+    session row under its own id, but lists of sessions (API, console, tools) omit it.
+    """
+    where: list[Any] = [col(SessionRow.id).not_in(select(StepRow.id))]
     if agent is not None:
         where.append(col(SessionRow.agent_slug) == agent)
     if agents is not None:

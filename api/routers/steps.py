@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 
 from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
-from baton import launch, metering
+from baton import launch, metering, sessions
 from baton.contracts import HandoffDecision, StepInput, StepRetry
 from baton.db import StepRow, page, session_scope
 from baton.deliverables import check_output_schema
@@ -285,7 +285,42 @@ async def handoff(
         await client.get_workflow_handle(step_id).signal("handoff", body)
     except RPCError as exc:
         raise EngineUnavailable(f"Temporal refused the decision: {exc.message}") from exc
-    return step
+    return await _after_decision(step, body, load)
+
+
+#: Seconds the handoff reply waits for the step row to show the decision applied.
+HANDOFF_APPLIED_WAIT_S = 5.0
+#: The status each decision leads to (workflows/step.py, AgentStepWorkflow._run).
+_STATUS_AFTER = {"approve": "completed", "reject": "rejected", "revise": "running"}
+
+
+async def _after_decision(before: StepPublic, decision: HandoffDecision, load: Any) -> StepPublic:
+    """The step once the workflow has applied ``decision`` (issue 12, item 7): the row as
+    it leaves ``awaiting_handoff``, polled for up to :data:`HANDOFF_APPLIED_WAIT_S`
+    seconds; past that (a busy worker) the status the decision leads to, unstored yet."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HANDOFF_APPLIED_WAIT_S
+    while loop.time() < deadline:
+        await asyncio.sleep(0.05)
+        now: StepPublic = await asyncio.to_thread(load)
+        if now.status != "awaiting_handoff" or now.attempts != before.attempts:
+            return now
+    return before.model_copy(update={"status": _STATUS_AFTER[decision.decision]})
+
+
+@router.get(
+    "/{step_id}/transcript",
+    responses=problem_responses(403, 404, 422),
+    summary="A step's transcript",
+)
+def get_step_transcript(
+    step_id: StepIdPath, session: SessionDep, caller: CallerDep
+) -> sessions.Transcript:
+    """Every attempt's messages, oldest first (revision prompts and schema feedback
+    included): the step stores them under its own id (issue 12, item 4)."""
+    row = _get(session, step_id)
+    caller.require(session, row.agent_slug, "viewer")
+    return sessions.transcript(session, session_id=step_id)
 
 
 @usage_router.get("/usage", responses=problem_responses(422), summary="Metered usage")
