@@ -4,7 +4,7 @@
 :func:`exporter_names`). When on, one trace spans an API request (FastAPI
 instrumentation) → the Temporal client call → the workflow → its activities (the
 SDK's ``TracingInterceptor``, on the client so every worker built on it has it too)
-→ the model's HTTP call (httpx instrumentation); :func:`annotate` adds Baton's
+→ the model's HTTP call (httpx/httpx2 instrumentation); :func:`annotate` adds Baton's
 attributes (``baton.agent``, ``baton.session``, ``baton.review``…) to the current span.
 
 **Metrics**: Baton's counters (:func:`count_turn`, :func:`count_review`,
@@ -108,14 +108,19 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
     httpx, so the model's HTTP calls get client spans. Clients and apps built before
     the call keep what they had.
     """
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.instrumentation.httpx import (
+        HTTPX2ClientInstrumentor,
+        HTTPXClientInstrumentor,
+    )
 
     with _lock:
-        instrumentor = HTTPXClientInstrumentor()
-        if instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.uninstrument()
-        if provider is not None:
-            instrumentor.instrument(tracer_provider=provider)
+        # httpx2 is the OpenAI and Anthropic SDKs' HTTP client (the model's calls); httpx
+        # is everyone else's (MCP servers, voice, tools).
+        for instrumentor in (HTTPXClientInstrumentor(), HTTPX2ClientInstrumentor()):
+            if instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.uninstrument()
+            if provider is not None:
+                instrumentor.instrument(tracer_provider=provider)
         _state["provider"] = provider
 
 
