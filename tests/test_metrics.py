@@ -117,3 +117,19 @@ def test_metrics_bind_is_host_and_port(value: str, ok: bool) -> None:
     else:
         with pytest.raises(pydantic.ValidationError):
             Settings(metrics_bind=value)
+
+
+def test_a_taken_metrics_port_stops_the_worker_clearly() -> None:
+    """BATON_METRICS_BIND on a port someone else holds fails the start with one line
+    naming the setting (InvalidSettings), not a worker without metrics."""
+    import socket
+
+    from baton import telemetry
+    from baton.errors import InvalidSettings
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(InvalidSettings, match=f"BATON_METRICS_BIND=127.0.0.1:{port}"):
+            telemetry.worker_runtime(f"127.0.0.1:{port}")
