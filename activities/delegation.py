@@ -27,7 +27,7 @@ from temporalio.service import RPCError
 
 from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
 from activities.xagent import SessionNotContinuable, SessionOfOtherAgent, refuse
-from baton import delegations, launch, permissions, registry, sessions, teams
+from baton import delegations, launch, permissions, registry, sessions, teams, telemetry
 from baton.contracts import (
     CLOSED_STATUSES,
     LIMIT_EXCEEDED,
@@ -285,6 +285,13 @@ class DelegationActivities:
         unreachable is retried. Team results land on the shared channel.
         """
         tool = inp.tool
+        telemetry.annotate(
+            agent=tool.agent_slug,
+            session=inp.caller_session_id,
+            delegation=inp.delegation_id,
+            kind=inp.kind,
+            target=inp.target,
+        )
         done = await asyncio.to_thread(self._stored, tool.message_id)
         if done is not None:
             return done
@@ -335,6 +342,7 @@ class DelegationActivities:
             except BatonError as exc:
                 text = f"{tool.call.name} failed ({exc.code}): {exc.detail}"
                 return await asyncio.to_thread(self._store, tool, text, False, inp)
+        telemetry.count_delegation(kind=inp.kind)  # issue 12 item 6: once it has started
         reply = reply or ""
         if inp.kind == "invoke":
             result: dict[str, Any] = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -159,7 +160,10 @@ class InquiryActivities:
         self._db = ThreadPoolExecutor(max_workers=db_threads, thread_name_prefix="baton-inq")
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+        # With the activity's context, as asyncio.to_thread does: metering's counters see
+        # the activity's metric meter (issue 12, item 6).
+        ctx = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._db, ctx.run, fn, *args)
 
     def _prepare(self, inp: InquiryTurnInput) -> tuple[ModelTurnResult | None, Any, Any]:
         with session_scope(self._engine) as s:

@@ -43,7 +43,7 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton import delegations, metering, registry, reviews, roster, sessions
+from baton import delegations, metering, registry, reviews, roster, sessions, telemetry
 from baton.contracts import (
     BALANCE_EXHAUSTED,
     CLOSED_STATUSES,
@@ -392,7 +392,10 @@ class SessionActivities:
         self._agents: dict[str, ResolvedAgent] = {}
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+        # The activity's context goes along (as asyncio.to_thread does), so code run here
+        # still sees the activity: its metric meter and its trace span (issue 12).
+        ctx = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._db, ctx.run, fn, *args)
 
     @activity.defn(name="load_agent")
     def load_agent(self, inp: LoadAgentInput) -> ResolvedAgent:
@@ -592,6 +595,7 @@ class SessionActivities:
         token_budget the call first reserves its input estimate + ``max_tokens``
         (``limit_exceeded``, non-retryable, when there is no room; issue 10 item 6).
         """
+        telemetry.annotate(agent=inp.agent_slug, session=inp.session_id, turn=inp.turn)
         info = activity.info()
         attempt = info.attempt
         # Provider failures of earlier attempts travel in the heartbeat details; an attempt

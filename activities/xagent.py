@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
-from baton import auth, delegations, permissions, policies, registry, reviews, sessions
+from baton import auth, delegations, permissions, policies, registry, reviews, sessions, telemetry
 from baton.contracts import (
     AuthorizeInput,
     AuthorizeResult,
@@ -186,6 +186,9 @@ class XAgentActivities:
         whether it may save a policy is :func:`baton.reviews.credit` (an
         unproven decision: ``temporal (unverified)``, no policy in auth mode).
         """
+        telemetry.annotate(
+            review=inp.review_id, session=inp.tool.session_id, agent=inp.tool.agent_slug
+        )
         result, covered = await asyncio.to_thread(self._settle, inp)
         for review_id, session_id in covered:
             decision = reviews.prove(
@@ -239,6 +242,7 @@ class XAgentActivities:
                             decision="allow",
                         )
                 s.add(row)
+                telemetry.count_review(outcome=inp.outcome)  # issue 12 item 6
                 reason = credited.reason if credited else f"no decision within {inp.timeout_s:g} s"
                 reviews.add_audit(
                     s,

@@ -31,6 +31,7 @@ from api.problems import (
     problem_response,
 )
 from api.routers import agents, inquiries, reviews, sessions, steps, teams
+from baton import telemetry
 from baton.db import make_engine
 from baton.errors import EngineUnavailable
 from baton.migrate import require_current
@@ -146,6 +147,17 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     # Refuse oversized bodies, declared or streamed (the largest valid spec is far smaller).
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
+    # Issue 12 item 6: outermost, so every answer (a 413 above included) is counted.
+    request_metrics = telemetry.RequestMetrics()
+    app.middleware("http")(request_metrics.observe)
+
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """This API process's request metrics in the Prometheus text format
+        (:class:`baton.telemetry.RequestMetrics`). Unauthenticated, like the probes."""
+        body, content_type = request_metrics.render()
+        return Response(body, media_type=content_type)
+
     @app.get("/healthz", tags=["ops"], summary="Liveness")
     def healthz() -> dict[str, str]:
         """``{"status": "ok"}`` while the process serves requests."""
@@ -189,4 +201,5 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
     app.include_router(steps.usage_router)
     app.router.routes.append(mcp.route)  # /mcp: the `agents` MCP server (issue 13)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    telemetry.instrument_app(app)  # issue 12 item 5: server spans when OTEL_* turns tracing on
     return app

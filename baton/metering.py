@@ -24,7 +24,7 @@ from sqlalchemy import update as sa_update
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
-from baton import delegations
+from baton import delegations, telemetry
 from baton.db import BalanceRow, UsageRow, utcnow
 
 #: Characters per token when a stream's output must be estimated before the provider
@@ -188,6 +188,9 @@ def record(
             .values(amount_usd=col(BalanceRow.amount_usd) - cost_usd, updated_at=now)
         )
     session.flush()
+    telemetry.count_turn(  # issue 12 item 6: once per model call, like the usage row
+        agent=agent, input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd
+    )
     return True
 
 

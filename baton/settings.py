@@ -243,6 +243,13 @@ class Settings(BaseSettings):
     voice_tts_model: str = Field(default="tts-1", max_length=200)
     voice_stt_model: str = Field(default="whisper-1", max_length=200)
     voice_name: str = Field(default="alloy", max_length=100, description="The speaking voice.")
+    # Issue 12 item 6 (helper I): the worker's Prometheus endpoint (baton.telemetry).
+    metrics_bind: str | None = Field(
+        default=None,
+        pattern=r"^[^\s:/]*:[0-9]{1,5}$",
+        description="host:port where a worker serves Prometheus metrics (the Temporal "
+        "SDK's and Baton's counters), e.g. 0.0.0.0:9464; unset = off.",
+    )
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:

@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile, ClientConnectConfig
+from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 from temporalio.worker import Interceptor, Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
@@ -31,6 +32,7 @@ from activities.mcp_tools import McpToolActivities
 from activities.session import SessionActivities
 from activities.steps import StepActivities
 from activities.xagent import XAgentActivities
+from baton import telemetry
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.errors import EngineUnavailable, InvalidSettings
 from baton.settings import DEV_REVIEW_KEY, Settings
@@ -136,7 +138,7 @@ def describe_target(config: ClientConnectConfig) -> str:
     return f"{config.get('target_host', '?')} ({', '.join(extras)})"
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, *, runtime: Runtime | None = None) -> Client:
     """The one way Baton connects to Temporal (worker, API, CLI, `baton setup`, `baton dev`).
 
     Options from :func:`temporal_connect_config`, the pydantic data converter, and
@@ -145,13 +147,25 @@ async def connect(settings: Settings) -> Client:
     :class:`~baton.errors.EngineUnavailable` (503 ``engine_unavailable``) naming the
     target and the reason on one line (refused, DNS, TLS handshake, bad
     certificate, timeout); :class:`~baton.errors.InvalidSettings` for a bad profile.
+
+    Tracing (issue 12, item 5): the interceptors of :func:`baton.telemetry.client_interceptors`
+    (the SDK's TracingInterceptor when ``OTEL_*`` turns tracing on), which every
+    worker built on this client inherits. ``runtime``: a Temporal runtime of its own
+    (the worker's metrics, :func:`baton.telemetry.worker_runtime`), else the default.
     """
     config = temporal_connect_config(settings)
+    interceptors = telemetry.client_interceptors()
     target = describe_target(config)
     timeout = settings.temporal_connect_timeout
     try:
         return await asyncio.wait_for(
-            Client.connect(**config, data_converter=pydantic_data_converter), timeout=timeout
+            Client.connect(
+                **config,
+                data_converter=pydantic_data_converter,
+                interceptors=interceptors,
+                runtime=runtime,
+            ),
+            timeout=timeout,
         )
     except TimeoutError as exc:
         msg = f"cannot reach Temporal at {target}: no answer within {timeout:g} s"

@@ -20,6 +20,7 @@ from typing import IO
 
 import uvicorn
 
+from baton import telemetry
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.db import make_engine
 from baton.migrate import require_current
@@ -214,7 +215,13 @@ async def run_services(
     engine = make_engine(settings.database_url)
     try:
         require_current(engine)  # refuse a database behind the code (issue 11)
-        client = await connect(settings)
+        # Issue 12 item 6: a worker's Prometheus endpoint lives in its Temporal runtime.
+        runtime = (
+            telemetry.worker_runtime(settings.metrics_bind)
+            if worker and settings.metrics_bind
+            else None
+        )
+        client = await connect(settings, runtime=runtime)
     except BaseException:
         engine.dispose()
         raise

@@ -1,0 +1,282 @@
+"""Tracing and metrics (issue 12, items 5 and 6; README "Operations: tracing and metrics").
+
+**Tracing** is off unless the standard OpenTelemetry variables ask for it (see
+:func:`exporter_names`). When on, one trace spans an API request (FastAPI
+instrumentation) → the Temporal client call → the workflow → its activities (the
+SDK's ``TracingInterceptor``, on the client so every worker built on it has it too)
+→ the model's HTTP call (httpx/httpx2 instrumentation); :func:`annotate` adds Baton's
+attributes (``baton.agent``, ``baton.session``, ``baton.review``…) to the current span.
+
+**Metrics**: Baton's counters (:func:`count_turn`, :func:`count_review`,
+:func:`count_delegation`) are recorded through the Temporal SDK's metric meter of the
+activity that runs them, so a worker exposes them on the same Prometheus endpoint as
+the SDK's own metrics (``BATON_METRICS_BIND``, :func:`worker_runtime`); outside an
+activity, or with metrics off, they record nothing. The API's request metrics are
+prometheus-client's (:class:`RequestMetrics`, served at ``/metrics``).
+
+Nothing here runs at import time; the environment is read on the first call.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest as _generate_latest
+from temporalio import activity
+from temporalio.client import Interceptor as ClientInterceptor
+from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from baton.errors import InvalidSettings
+
+#: Service name spans carry when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES
+#: names one.
+DEFAULT_SERVICE_NAME = "baton"
+#: The entry-point group OpenTelemetry exporters register under (opentelemetry-sdk's
+#: ``console``; opentelemetry-exporter-otlp's ``otlp`` = gRPC, ``otlp_proto_http``).
+EXPORTER_GROUP = "opentelemetry_traces_exporter"
+
+_lock = threading.Lock()
+_state: dict[str, TracerProvider | None] = {}
+
+
+def exporter_names(environ: Mapping[str, str]) -> list[str]:
+    """The span exporters the environment asks for; ``[]`` = tracing off (the default).
+
+    The switch, in order: ``OTEL_SDK_DISABLED=true`` → off; ``OTEL_TRACES_EXPORTER``
+    (comma-separated entry-point names, e.g. ``otlp``, ``console``; ``none`` → off);
+    unset but ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    set → ``otlp``; nothing set → off. Unlike the OpenTelemetry default (``otlp``),
+    an unconfigured Baton exports nothing: there is no collector to assume.
+    """
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    raw = environ.get("OTEL_TRACES_EXPORTER", "").strip()
+    endpoints = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not raw and any(environ.get(name) for name in endpoints):
+        raw = "otlp"
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    return [] if names in ([], ["none"]) else [n for n in names if n != "none"]
+
+
+def _exporter(name: str) -> SpanExporter:
+    """The exporter registered as ``name``. Raises InvalidSettings when none is installed."""
+    found = entry_points(group=EXPORTER_GROUP, name=name)
+    if not found:
+        hint = " (pip install 'baton[otlp]')" if name.startswith("otlp") else ""
+        msg = f"OTEL_TRACES_EXPORTER names {name!r}, which no installed package provides{hint}"
+        raise InvalidSettings(msg)
+    exporter: SpanExporter = next(iter(found)).load()()
+    return exporter
+
+
+def provider_from_environment(environ: Mapping[str, str]) -> TracerProvider | None:
+    """A TracerProvider exporting to :func:`exporter_names` (batched), or None when off.
+
+    Its resource comes from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``
+    (service name :data:`DEFAULT_SERVICE_NAME` when they name none); the exporters read
+    their own ``OTEL_EXPORTER_*`` variables. Raises InvalidSettings for an exporter
+    name no installed package provides.
+    """
+    names = exporter_names(environ)
+    if not names:
+        return None
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)
+    for name in names:
+        provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
+    return provider
+
+
+def use_tracer_provider(provider: TracerProvider | None) -> None:
+    """Make ``provider`` this process's tracing (None = off), in place of the environment's.
+
+    For embedding and tests (an in-memory exporter). Instruments (or un-instruments)
+    httpx, so the model's HTTP calls get client spans. Clients and apps built before
+    the call keep what they had.
+    """
+    from opentelemetry.instrumentation.httpx import (
+        HTTPX2ClientInstrumentor,
+        HTTPXClientInstrumentor,
+    )
+
+    with _lock:
+        # httpx2 is the OpenAI and Anthropic SDKs' HTTP client (the model's calls); httpx
+        # is everyone else's (MCP servers, voice, tools).
+        for instrumentor in (HTTPXClientInstrumentor(), HTTPX2ClientInstrumentor()):
+            if instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.uninstrument()
+            if provider is not None:
+                instrumentor.instrument(tracer_provider=provider)
+        _state["provider"] = provider
+
+
+def tracer_provider() -> TracerProvider | None:
+    """This process's tracing, or None (off). First call: from the environment, which
+    also becomes OpenTelemetry's global provider so other libraries' spans join.
+
+    Raises InvalidSettings (:func:`provider_from_environment`).
+    """
+    if "provider" not in _state:
+        provider = provider_from_environment(os.environ)
+        if provider is not None:
+            trace.set_tracer_provider(provider)
+        use_tracer_provider(provider)
+    return _state["provider"]
+
+
+def client_interceptors() -> list[ClientInterceptor]:
+    """Interceptors for ``Client.connect``: the SDK's TracingInterceptor when tracing is on.
+
+    On the client it also serves every worker built on that client (the SDK adds a
+    client interceptor that is a worker interceptor to the worker), so no worker adds
+    it again. It only adds headers to commands, so histories replay unchanged.
+    """
+    provider = tracer_provider()
+    if provider is None:
+        return []
+    return [TracingInterceptor(tracer=provider.get_tracer("baton"))]
+
+
+def instrument_app(app: Any) -> None:
+    """Give a FastAPI app server spans when tracing is on (probes and /metrics excluded)."""
+    provider = tracer_provider()
+    if provider is None:
+        return
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(
+        app, tracer_provider=provider, excluded_urls="healthz,readyz,metrics"
+    )
+
+
+def annotate(**attributes: str | int | None) -> None:
+    """Set ``baton.<key>`` attributes on the current span (None values skipped); a no-op
+    when tracing is off. Keys in use: agent, session, review, delegation, kind."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    for key, value in attributes.items():
+        if value is not None:
+            span.set_attribute(f"baton.{key}", value)
+
+
+# --- metrics ---------------------------------------------------------------------------
+
+
+@functools.cache
+def worker_runtime(bind: str) -> Runtime:
+    """A Temporal runtime serving Prometheus metrics on ``bind`` (``host:port``).
+
+    One per address and process (the port binds once). The SDK's metrics and Baton's
+    counters (recorded through the activities' meter) share this endpoint. Raises
+    InvalidSettings when the address is malformed or taken.
+    """
+    try:
+        return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind)))
+    except (RuntimeError, ValueError) as exc:
+        msg = f"BATON_METRICS_BIND={bind}: {' '.join(str(exc).split())}"
+        raise InvalidSettings(msg) from exc
+
+
+def _meter() -> Any:
+    """The running activity's metric meter, or None outside an activity."""
+    return activity.metric_meter() if activity.in_activity() else None
+
+
+def count_turn(
+    *, agent: str, input_tokens: int, output_tokens: int, cost_usd: float | None
+) -> None:
+    """Count one metered model call: ``baton_turns``, ``baton_tokens`` (direction in|out)
+    and ``baton_cost_usd`` (a histogram: its ``_sum`` is the known spend; a call with
+    no known price, ``None``, adds nothing). Called by :func:`baton.metering.record`
+    only, once per call it records."""
+    meter = _meter()
+    if meter is None:
+        return
+    labels = {"agent": agent}
+    meter.create_counter("baton_turns", "Model calls metered").with_additional_attributes(
+        labels
+    ).add(1)
+    tokens = meter.create_counter("baton_tokens", "Model tokens metered", "tokens")
+    tokens.with_additional_attributes({**labels, "direction": "in"}).add(max(input_tokens, 0))
+    tokens.with_additional_attributes({**labels, "direction": "out"}).add(max(output_tokens, 0))
+    if cost_usd is not None and cost_usd > 0:
+        meter.create_histogram_float(
+            "baton_cost_usd", "Cost of metered model calls", "USD"
+        ).with_additional_attributes(labels).record(cost_usd)
+
+
+def count_review(*, outcome: str) -> None:
+    """Count one settled review, ``baton_reviews{outcome}`` (allowed | denied |
+    timed_out). Called where a review settles (activities/xagent.py ``_settle``)."""
+    meter = _meter()
+    if meter is not None:
+        meter.create_counter("baton_reviews", "Reviews settled").with_additional_attributes(
+            {"outcome": outcome}
+        ).add(1)
+
+
+def count_delegation(*, kind: str) -> None:
+    """Count one started delegation, ``baton_delegations{kind}`` (invoke | delegate_to |
+    task | route | mention). Called by the ``delegate`` activity once it started."""
+    meter = _meter()
+    if meter is not None:
+        meter.create_counter("baton_delegations", "Delegations started").with_additional_attributes(
+            {"kind": kind}
+        ).add(1)
+
+
+class RequestMetrics:
+    """The API's request metrics in their own prometheus-client registry (one per app):
+    ``baton_http_requests_total{method, route, status}`` and
+    ``baton_http_request_duration_seconds{method, route}`` (time to the response's
+    start; an SSE stream counts until its headers). ``route`` is the route template
+    (``/v1/sessions/{session_id}``), never the raw path, so ids add no series.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "baton_http_requests",
+            "HTTP requests answered",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "baton_http_request_duration_seconds",
+            "Seconds to the start of the response",
+            ["method", "route"],
+            registry=self.registry,
+        )
+
+    async def observe(self, request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Middleware body: time ``call_next`` and count its answer by route and status."""
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            route = request.scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.requests.labels(request.method, template, str(status)).inc()
+            self.latency.labels(request.method, template).observe(time.perf_counter() - start)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return _generate_latest(self.registry), CONTENT_TYPE_LATEST
