@@ -426,7 +426,9 @@ def summarize_conversation(session: Session, *, session_id: str) -> str:
         f"conversation {row.id}: agent {row.agent_slug}{team}, status {row.status}, "
         f"{turns} turn(s), {len(msgs)} message(s).",
         f"tokens in/out {tree.subtree_usage.input_tokens}/{tree.subtree_usage.output_tokens}, "
-        f"cost ${tree.subtree_usage.cost_usd or 0:.4f}.",
+        "cost unknown."
+        if tree.subtree_usage.cost_usd is None
+        else f"cost ${tree.subtree_usage.cost_usd:.4f}.",
     ]
     first = next((m for m in msgs if m.role == "user"), None)
     if first is not None:
