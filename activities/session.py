@@ -49,6 +49,7 @@ from baton.contracts import (
     CLOSED_STATUSES,
     LIMIT_EXCEEDED,
     LoadAgentInput,
+    McpToolSnapshot,
     ModelTurnInput,
     ModelTurnResult,
     ResolvedAgent,
@@ -59,6 +60,7 @@ from baton.contracts import (
     ToolOutcome,
     TurnFailure,
     Usage,
+    wire_tool_name,
 )
 from baton.db import MessageRow, session_scope
 from baton.errors import BatonError
@@ -117,7 +119,7 @@ def to_model_messages(system_prompt: str, history: list[HistoryItem]) -> list[Mo
             pending.append(UserPromptPart(m.text))
         elif m.role == "tool" and m.tool_call_id in open_calls:
             open_calls.pop(m.tool_call_id)
-            name = m.tool_name or "tool"
+            name = wire_tool_name(m.tool_name or "tool")
             pending.append(
                 ToolReturnPart(
                     name,
@@ -133,8 +135,9 @@ def to_model_messages(system_prompt: str, history: list[HistoryItem]) -> list[Mo
                 pending = []
             parts: list[ModelResponsePart] = [TextPart(m.text)] if m.text else []
             for call in m.tool_calls or []:
-                parts.append(ToolCallPart(call["name"], call["args"], tool_call_id=call["id"]))
-                open_calls[call["id"]] = call["name"]
+                wire = wire_tool_name(call["name"])  # as the provider was offered it
+                parts.append(ToolCallPart(wire, call["args"], tool_call_id=call["id"]))
+                open_calls[call["id"]] = wire
             out.append(ModelResponse(parts=parts))
     close_open_calls()
     if pending:
@@ -313,6 +316,13 @@ def _tool_call(part: ToolCallPart) -> ToolCall:
     if nesting_depth(args) > MAX_ARG_DEPTH:
         args = {UNPARSED: f"arguments nested deeper than {MAX_ARG_DEPTH} levels"}
     return ToolCall(id=part.tool_call_id, name=part.tool_name, args=args)
+
+
+def _named(call: ToolCall, remote: dict[str, McpToolSnapshot]) -> ToolCall:
+    """A call of an MCP tool under its wire name (``github__search``) gets the name Baton
+    routes, stores and audits (``github.search``); every other call keeps its name."""
+    snap = remote.get(call.name)
+    return call if snap is None else call.model_copy(update={"name": snap.qualified})
 
 
 def estimate_input_tokens(
@@ -609,9 +619,8 @@ class SessionActivities:
             tools = [(t.name, t.description, t.parameters) for t in offered_tools(agent.tools)]
             tools += xagent_tools(agent.blocked_tools)
             # Issue 13: the MCP servers' tools, as snapshotted when the session loaded.
-            tools += [
-                (t.qualified, t.description, t.input_schema) for t in agent.mcp_tools if t.name
-            ]
+            remote = {wire_tool_name(t.qualified): t for t in agent.mcp_tools if t.name}
+            tools += [(wire, t.description, t.input_schema) for wire, t in remote.items()]
             system_prompt = agent.system_prompt
             offer = inp.delegation
             if offer is not None and "delegate_to" not in agent.blocked_tools:
@@ -715,7 +724,11 @@ class SessionActivities:
                 raise  # retryable as it is; `raise exc from exc` would make it its own cause
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
             calls = fit_tool_calls(
-                [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
+                [
+                    _named(_tool_call(p), remote)
+                    for p in response.parts
+                    if isinstance(p, ToolCallPart)
+                ]
             )
             cost: float | None = None
             with contextlib.suppress(Exception):  # unknown model/provider: no price known

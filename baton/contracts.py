@@ -122,6 +122,18 @@ class McpToolSnapshot(BaseModel):
         return f"{self.server}.{self.name}"
 
 
+#: What separates an MCP tool's server from its name on the provider's wire: OpenAI and
+#: Anthropic accept function names of ``[a-zA-Z0-9_-]`` only, so ``<server>.<tool>`` (the
+#: name Baton stores, routes and audits) is offered as ``<server>__<tool>``.
+WIRE_SEPARATOR = "__"
+
+
+def wire_tool_name(name: str) -> str:
+    """The name a provider sees for tool ``name``: dots become :data:`WIRE_SEPARATOR`.
+    Baton's own tools have no dots, so only MCP tools (``<server>.<tool>``) change."""
+    return name.replace(".", WIRE_SEPARATOR)
+
+
 class ResolvedAgent(BaseModel):
     """The effective configuration of one published revision (``GET …/resolved``).
 

@@ -6,7 +6,8 @@ the OpenAI SDK, httpx) runs unchanged. Its behaviour is scripted:
 * answered requests whose last message is a ``tool`` result get the text
   ``The result is <tool content>.``, streamed in several deltas;
 * any other request gets a ``calculator`` tool call with arguments
-  ``{"expression": "2 + 2"}``, the arguments JSON split across several deltas;
+  ``{"expression": "2 + 2"}`` (or the ``tool`` it was built with), the arguments JSON
+  split across several deltas;
 * ``failures`` holds HTTP statuses answered (with an OpenAI-style error body)
   before the stub behaves, one per request.
 
@@ -80,8 +81,16 @@ def _split(text: str, parts: int) -> list[str]:
 class OpenAIStub:
     """The scripted server: ``app`` is the ASGI app, ``requests`` what it received."""
 
-    def __init__(self, *, failures: Iterable[int] = (), model: str = "stub-model") -> None:
+    def __init__(
+        self,
+        *,
+        failures: Iterable[int] = (),
+        model: str = "stub-model",
+        tool: tuple[str, str] = (TOOL_NAME, TOOL_ARGUMENTS),
+    ) -> None:
         self.model = model
+        #: The tool call (name, JSON arguments) it answers a request with.
+        self.tool = tool
         self.failures: deque[int] = deque(failures)
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -109,7 +118,8 @@ class OpenAIStub:
             call: dict[str, Any] | None = None
         else:
             reply = None
-            call = {"id": f"call_stub{number:04d}", "name": TOOL_NAME, "arguments": TOOL_ARGUMENTS}
+            name, arguments = self.tool
+            call = {"id": f"call_stub{number:04d}", "name": name, "arguments": arguments}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(

@@ -4,6 +4,7 @@ SDK, served over real HTTP, reached by a real worker through the `mcp_tool` acti
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.mcp_tools import HeaderUnresolved, check_arguments, resolve_headers
 from baton.spec import AgentSpec
 from tests.conftest import serve
+from tests.openai_stub import OpenAIStub
 from tests.test_api_reviews import Stack, messages, running_stack, settled
 from worker.stack import free_port
 
@@ -163,3 +165,47 @@ def test_header_values_reference_secrets_by_name_only() -> None:
     schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
     assert check_arguments(schema, {"text": "x"}) is None
     assert "required" in (check_arguments(schema, {}) or "")
+
+
+def test_a_provider_sees_mcp_tools_under_names_it_accepts(
+    stack: Stack, mcp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenAI-style providers accept function names of [a-zA-Z0-9_-] only: `local.echo` is
+    offered as `local__echo`, the provider's call of `local__echo` runs `local.echo`, and
+    the history sent back names the call as offered."""
+    fake = OpenAIStub(tool=("local__echo", '{"text": "hi"}'))
+    server, thread, base = serve(fake.app)
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{base}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    try:
+        spec = {
+            "model": "openai-chat:stub-model",
+            "mcp_servers": [
+                {
+                    "name": "local",
+                    "url": mcp_url,
+                    "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"},
+                }
+            ],
+        }
+        http = stack.http
+        created = http.post("/v1/agents", json={"slug": "wire", "name": "W", "spec": spec})
+        assert created.status_code == 201, created.text
+        assert http.post("/v1/agents/wire/publish").status_code == 201
+        resp = http.post("/v1/sessions", json={"agent": "wire", "prompt": "go", "sync": True})
+        assert resp.status_code == 201, resp.text
+        assert resp.json()["response"] == "The result is echo: hi."
+        offered = [t["function"]["name"] for t in fake.requests[0]["tools"]]
+        assert "local__echo" in offered
+        assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in offered), offered
+        tools = [m for m in messages(http, resp.json()["session_id"]) if m["role"] == "tool"]
+        assert [(m["tool_name"], m["text"]) for m in tools] == [("local.echo", "echo: hi")]
+        sent_back = [
+            c["function"]["name"]
+            for m in fake.requests[1]["messages"]
+            for c in m.get("tool_calls") or []
+        ]
+        assert sent_back == ["local__echo"]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
