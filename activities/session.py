@@ -90,14 +90,21 @@ CHUNK_FLUSH_S = 0.1
 RETRYABLE_HTTP = frozenset({408, 409, 425, 429})
 
 
-def to_model_messages(system_prompt: str, history: list[HistoryItem]) -> list[ModelMessage]:
+def to_model_messages(
+    system_prompt: str, history: list[HistoryItem], *, wire_names: bool = False
+) -> list[ModelMessage]:
     """Rebuild the pydantic-ai conversation from stored messages.
+
+    ``wire_names``: tool names as a real provider was offered them
+    (:func:`~baton.contracts.wire_tool_name`); the offline scripted model reads the
+    names Baton stores, as its playbooks are written.
 
     The system prompt is the first part of the first request. Tool calls left
     without a result (an interrupted turn) get a placeholder result so that
     providers accept the history. Error rows are not sent to the model.
     """
     out: list[ModelMessage] = []
+    named = wire_tool_name if wire_names else str
     pending: list[ModelRequestPart] = [SystemPromptPart(system_prompt)] if system_prompt else []
     open_calls: dict[str, str] = {}
 
@@ -119,7 +126,7 @@ def to_model_messages(system_prompt: str, history: list[HistoryItem]) -> list[Mo
             pending.append(UserPromptPart(m.text))
         elif m.role == "tool" and m.tool_call_id in open_calls:
             open_calls.pop(m.tool_call_id)
-            name = wire_tool_name(m.tool_name or "tool")
+            name = named(m.tool_name or "tool")
             pending.append(
                 ToolReturnPart(
                     name,
@@ -135,7 +142,7 @@ def to_model_messages(system_prompt: str, history: list[HistoryItem]) -> list[Mo
                 pending = []
             parts: list[ModelResponsePart] = [TextPart(m.text)] if m.text else []
             for call in m.tool_calls or []:
-                wire = wire_tool_name(call["name"])  # as the provider was offered it
+                wire = named(call["name"])  # as the provider was offered it
                 parts.append(ToolCallPart(wire, call["args"], tool_call_id=call["id"]))
                 open_calls[call["id"]] = wire
             out.append(ModelResponse(parts=parts))
@@ -619,8 +626,11 @@ class SessionActivities:
             tools = [(t.name, t.description, t.parameters) for t in offered_tools(agent.tools)]
             tools += xagent_tools(agent.blocked_tools)
             # Issue 13: the MCP servers' tools, as snapshotted when the session loaded.
-            remote = {wire_tool_name(t.qualified): t for t in agent.mcp_tools if t.name}
-            tools += [(wire, t.description, t.input_schema) for wire, t in remote.items()]
+            # Providers accept [a-zA-Z0-9_-] names only; the scripted model's playbooks
+            # name tools as Baton stores them.
+            wire = wire_tool_name if model_name(agent.model, inp.default_model) != SCRIPTED else str
+            remote = {wire(t.qualified): t for t in agent.mcp_tools if t.name}
+            tools += [(n, t.description, t.input_schema) for n, t in remote.items()]
             system_prompt = agent.system_prompt
             offer = inp.delegation
             if offer is not None and "delegate_to" not in agent.blocked_tools:
@@ -651,7 +661,7 @@ class SessionActivities:
             started = time.monotonic()
             buffer, flushed_at = "", started
             name = model_name(agent.model, inp.default_model)
-            messages = to_model_messages(system_prompt, history)
+            messages = to_model_messages(system_prompt, history, wire_names=name != SCRIPTED)
             # A stream is cut once its running cost would spend the balance: input tokens
             # estimated from the request, output from the text streamed so far.
             input_estimate = estimate_input_tokens(messages, params, name)
