@@ -253,11 +253,10 @@ async def open_external_session(
 
 
 def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
+    """The external Updates' own refusals; the rest as :func:`baton.launch._update_error`."""
     cause = exc.cause
     kind = cause.type if isinstance(cause, ApplicationError) else None
     message = str(cause.message) if isinstance(cause, ApplicationError) else str(cause)
-    if kind == SESSION_CLOSED:
-        return SessionClosed(message, session_id=session_id)
     if kind == NOT_EXTERNAL:
         return NotExternal(message, session_id=session_id)
     if kind == UNKNOWN_TOOL:
