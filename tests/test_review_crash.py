@@ -11,11 +11,12 @@ import sys
 import uuid
 from pathlib import Path
 
+from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts import Provenance, ReviewDecision, SessionConfig
-from baton.db import AuditRow, ReviewRow, SessionRow, init_db, make_engine, session_scope
+from baton.db import AuditRow, ReviewRow, SessionRow, session_scope
 from baton.launch import launch_session
 from tests.helpers import publish, status, wait_for
 from tests.test_fault import ROOT, start_worker
@@ -23,13 +24,12 @@ from tests.xagent_helpers import caller_playbook, set_policy
 
 
 async def test_a_retried_authorize_keeps_the_review_it_opened(
-    temporal_env: WorkflowEnvironment, tmp_path: Path
+    temporal_env: WorkflowEnvironment, engine: Engine, tmp_path: Path
 ) -> None:
     """SIGKILL right after authorize opened a review; the policy becomes allow; the new
-    worker's retry still waits on that review, which is then decided exactly once."""
-    db_url = f"sqlite:///{tmp_path / 'crash.db'}"
-    engine = make_engine(db_url)
-    init_db(engine)
+    worker's retry still waits on that review, which is then decided exactly once. On
+    SQLite and PostgreSQL."""
+    db_url = engine.url.render_as_string(hide_password=False)
     publish(engine, "target", playbook=[{"reply": "TARGET RAN"}])
     invoke = {"slug": "target", "prompt": "hi", "sync": True}
     publish(engine, "caller", playbook=caller_playbook("invoke_agent", invoke))
@@ -96,4 +96,3 @@ async def test_a_retried_authorize_keeps_the_review_it_opened(
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=15)
-        engine.dispose()
