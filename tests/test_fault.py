@@ -27,6 +27,20 @@ REPLY = " ".join(f"word{i}" for i in range(40))
 BUDGET = 1000
 
 
+def worker_env(
+    db_url: str, temporal_env: WorkflowEnvironment, queue: str, **extra: str
+) -> dict[str, str]:
+    """The environment of a real `baton` child process: this one's, pointed at ``db_url``,
+    the test's Temporal server and ``queue``."""
+    return {
+        **os.environ,
+        "BATON_DATABASE_URL": db_url,
+        "BATON_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
+        "BATON_TASK_QUEUE": queue,
+        **extra,
+    }
+
+
 def start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`baton worker` as a real child process."""
     return subprocess.Popen(
@@ -55,12 +69,7 @@ async def test_killed_worker_mid_turn_loses_and_duplicates_nothing(
     init_db(engine)
     publish(engine, "streamer", playbook=[{"reply": REPLY, "chunk_delay_ms": 60}])
     queue = f"tq-{uuid.uuid4()}"
-    env = {
-        **os.environ,
-        "BATON_DATABASE_URL": db_url,
-        "BATON_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "BATON_TASK_QUEUE": queue,
-    }
+    env = worker_env(db_url, temporal_env, queue)
     first = start_worker(env)
     second: subprocess.Popen[bytes] | None = None
     try:
@@ -131,12 +140,7 @@ async def test_a_killed_workers_turn_resumes_on_another_worker_within_seconds(
         limits={"token_budget": BUDGET},
     )
     queue = f"tq-{uuid.uuid4()}"
-    env = {
-        **os.environ,
-        "BATON_DATABASE_URL": db_url,
-        "BATON_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "BATON_TASK_QUEUE": queue,
-    }
+    env = worker_env(db_url, temporal_env, queue)
     # Two workers, as a deployment runs them: whichever streams the turn is killed.
     workers = {p.pid: p for p in (start_worker(env), start_worker(env))}
     try:

@@ -33,6 +33,7 @@ from baton import migrate
 from baton.cli import app
 from baton.db import Agent, MessageRow, SessionRow, init_db, make_engine, session_scope
 from baton.settings import get_settings
+from tests.test_fault import worker_env
 from worker.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -352,12 +353,7 @@ async def test_worker_starts_on_a_migrated_database(
     db_url = f"sqlite:///{tmp_path / 'okw.db'}"
     assert baton(db_url, "db", "upgrade").returncode == 0
     queue = f"tq-{uuid.uuid4()}"
-    env = {
-        **os.environ,
-        "BATON_DATABASE_URL": db_url,
-        "BATON_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "BATON_TASK_QUEUE": queue,
-    }
+    env = worker_env(db_url, temporal_env, queue)
     proc = subprocess.Popen(
         [*BATON, "worker"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

@@ -5,7 +5,6 @@ though the policy changed meanwhile, so no review is left pending with nobody wa
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import uuid
@@ -19,7 +18,7 @@ from baton.contracts import Provenance, ReviewDecision, SessionConfig
 from baton.db import AuditRow, ReviewRow, SessionRow, session_scope
 from baton.launch import launch_session
 from tests.helpers import publish, status, wait_for
-from tests.test_fault import ROOT, start_worker
+from tests.test_fault import ROOT, start_worker, worker_env
 from tests.xagent_helpers import caller_playbook, set_policy
 
 
@@ -34,12 +33,7 @@ async def test_a_retried_authorize_keeps_the_review_it_opened(
     invoke = {"slug": "target", "prompt": "hi", "sync": True}
     publish(engine, "caller", playbook=caller_playbook("invoke_agent", invoke))
     queue = f"tq-{uuid.uuid4()}"
-    env = {
-        **os.environ,
-        "BATON_DATABASE_URL": db_url,
-        "BATON_TEMPORAL_ADDRESS": temporal_env.client.service_client.config.target_host,
-        "BATON_TASK_QUEUE": queue,
-    }
+    env = worker_env(db_url, temporal_env, queue)
     marker = tmp_path / "killed"
     crashing = subprocess.Popen(
         [sys.executable, "-m", "tests.crash_worker", "authorize", str(marker)],
