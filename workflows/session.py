@@ -105,6 +105,7 @@ PATCH_ROUTING = "team-routes-and-mentions"
 PATCH_CALL_CAP = "cap-tool-calls-per-reply"
 PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
 PATCH_MCP_TOOLS = "mcp-server-tools"
+PATCH_LOCAL_LOAD = "load-agent-local-activity"
 
 
 @workflow.defn(name="Session")
@@ -141,13 +142,26 @@ class SessionWorkflow:
         """Load the pinned agent once, answer messages, continue-as-new when suggested."""
         try:
             if self._agent is None:
-                self._agent = await workflow.execute_activity_method(
-                    SessionActivities.load_agent,
-                    LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin),
-                    start_to_close_timeout=store_timeout(self._inp.config),
-                    retry_policy=STORE_RETRY,
-                    summary=f"load {inp.agent_pin}",
-                )
+                load = LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin)
+                if workflow.patched(PATCH_LOCAL_LOAD):
+                    # A local activity: it runs inside the first workflow task, so the first
+                    # model turn is scheduled by that same task instead of one more server
+                    # round trip (issue 14). Still durable: its result is a history marker.
+                    self._agent = await workflow.execute_local_activity_method(
+                        SessionActivities.load_agent,
+                        load,
+                        start_to_close_timeout=store_timeout(self._inp.config),
+                        retry_policy=STORE_RETRY,
+                        summary=f"load {inp.agent_pin}",
+                    )
+                else:
+                    self._agent = await workflow.execute_activity_method(
+                        SessionActivities.load_agent,
+                        load,
+                        start_to_close_timeout=store_timeout(self._inp.config),
+                        retry_policy=STORE_RETRY,
+                        summary=f"load {inp.agent_pin}",
+                    )
             if inp.first_message is not None:
                 # A failed first turn is recorded in the transcript; the session stays open.
                 with contextlib.suppress(ApplicationError):
