@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.abc
+import importlib.machinery
+import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
+from types import CodeType
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -53,6 +58,56 @@ PASSTHROUGH = (
 )
 
 WORKFLOWS = [SessionWorkflow, AgentStepWorkflow, InquiryWorkflow]
+
+
+class _CompiledOnceLoader(importlib.machinery.SourceFileLoader):
+    """A source loader that compiles each file once per process (per modification time)."""
+
+    codes: dict[tuple[str, int], CodeType] = {}
+
+    def get_code(self, fullname: str) -> CodeType:
+        path = self.get_filename(fullname)
+        key = (path, os.stat(path).st_mtime_ns)
+        code = self.codes.get(key)
+        if code is None:
+            code = super().get_code(fullname)
+            assert code is not None  # a source file always compiles to code (or raises)
+            self.codes[key] = code
+        return code
+
+
+class WorkflowCodeCache(importlib.abc.MetaPathFinder):
+    """Compile the sandbox's re-imported modules once, when Python writes no bytecode.
+
+    The workflow sandbox imports a workflow's module afresh for every new run (its module
+    state must not leak between runs). Without ``.pyc`` files (``PYTHONDONTWRITEBYTECODE``,
+    an editable install) that import compiles the source each time: ~15 ms of CPU for
+    ``workflows/session.py``, 70 % of a new session's sandbox set-up (bench/README.md,
+    issue 14). Code objects are immutable, so sharing one across runs is what loading a
+    ``.pyc`` does; each run still executes it in a fresh module.
+    """
+
+    def __init__(self, packages: Sequence[str]) -> None:
+        self.packages = frozenset(packages)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] not in self.packages:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
+            spec.loader = _CompiledOnceLoader(fullname, str(spec.origin))
+        return spec
+
+
+def install_workflow_code_cache() -> None:
+    """Put a :class:`WorkflowCodeCache` for ``workflows`` first on ``sys.meta_path``, once,
+    when Python writes no bytecode (with ``.pyc`` files the import system caches already)."""
+    if sys.dont_write_bytecode and not any(
+        isinstance(f, WorkflowCodeCache) for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, WorkflowCodeCache(["workflows"]))
 
 
 def activities_for(
@@ -235,6 +290,7 @@ def build_worker(
     (``BATON_WORKER_GRACEFUL_SHUTDOWN_S``). ``deployment``: Worker Versioning
     (:func:`deployment_config`), None = unversioned.
     """
+    install_workflow_code_cache()
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
     warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
     return Worker(
