@@ -73,6 +73,7 @@ from baton.payloads import (
     nesting_depth,
 )
 from baton.sessions import HistoryItem
+from baton.settings import DEFAULT_CONTEXT_MESSAGES
 from baton.tools import (
     ToolError,
     delegate_to_tool,
@@ -401,8 +402,16 @@ def _classify(exc: Exception) -> Exception:
 class SessionActivities:
     """Activities of SessionWorkflow, built with the DB engine by the worker factory."""
 
-    def __init__(self, engine: Engine, *, db_threads: int = 16) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        db_threads: int = 16,
+        context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
+    ) -> None:
         self._engine = engine
+        #: The context window: newest messages a model call reads (None: all; issue 14).
+        self._context_messages = context_messages
         # DB work of async activities gets its own pool: asyncio's default one is tiny
         # (cores + 4) and shared, so concurrent turns queued behind each other.
         self._db = ThreadPoolExecutor(max_workers=db_threads, thread_name_prefix="baton-db")
@@ -495,7 +504,8 @@ class SessionActivities:
             entries = (
                 roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []
             )
-            return None, agent, sessions.history(s, session_id=inp.session_id), entries, balance
+            history = sessions.history(s, session_id=inp.session_id, last=self._context_messages)
+            return None, agent, history, entries, balance
 
     def _reserve(self, inp: ModelTurnInput, input_estimate: int) -> int:
         """Admit the call under the run's token_budget and reserve for it; its max_tokens."""

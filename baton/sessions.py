@@ -18,12 +18,25 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import text as sa_text
+from sqlalchemy import tuple_ as sa_tuple
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
 from baton.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
-from baton.errors import SessionNotFound
+from baton.errors import BatonError, SessionNotFound
+
+
+class InvalidCursor(BatonError):
+    """A transcript ``cursor`` that names no message of this session."""
+
+    code = "invalid_cursor"
+    status = 422
+    title = "Invalid cursor"
+
+
+#: Largest transcript page (``limit``) the API serves.
+MAX_TRANSCRIPT_PAGE = 500
 
 SUMMARY_CHARS = 300
 Role = Literal["user", "assistant", "tool", "error"]
@@ -122,6 +135,11 @@ class Transcript(BaseModel):
     session_id: str
     status: str
     messages: list[TranscriptMessage] = Field(default_factory=list)
+    next_cursor: str | None = Field(
+        default=None,
+        description="Paged reads (`limit`): pass as `cursor` for the next page; null on the "
+        "last page (and always without `limit`).",
+    )
 
 
 def to_public(row: SessionRow) -> SessionPublic:
@@ -456,31 +474,67 @@ class HistoryItem:
     is_error: bool
 
 
-def history(session: Session, *, session_id: str) -> list[HistoryItem]:
+def history(session: Session, *, session_id: str, last: int | None = None) -> list[HistoryItem]:
     """The conversation for a model call, in order: only the needed columns.
 
-    Loaded on every model call, so it skips ORM objects and unused JSON columns.
+    ``last`` bounds it to the newest ``last`` messages (the context window,
+    ``BATON_CONTEXT_MESSAGES``), trimmed to start at a user message when the window holds
+    one, so the model never reads a reply whose question was cut off; None loads all.
+    Loaded on every model call, so it skips ORM objects and unused JSON columns, and a
+    bounded read never touches the older rows (issue 14).
     """
-    rows = session.execute(
-        sa_select(
-            col(MessageRow.role),
-            col(MessageRow.text),
-            col(MessageRow.tool_name),
-            col(MessageRow.tool_call_id),
-            col(MessageRow.tool_calls),
-            col(MessageRow.is_error),
-        )
-        .where(col(MessageRow.session_id) == session_id)
-        .order_by(col(MessageRow.position))
+    columns = (
+        col(MessageRow.role),
+        col(MessageRow.text),
+        col(MessageRow.tool_name),
+        col(MessageRow.tool_call_id),
+        col(MessageRow.tool_calls),
+        col(MessageRow.is_error),
+    )
+    query = sa_select(*columns).where(col(MessageRow.session_id) == session_id)
+    if last is None:
+        rows = session.execute(query.order_by(col(MessageRow.position))).all()
+        return [HistoryItem(*row) for row in rows]
+    newest = session.execute(
+        query.order_by(col(MessageRow.position).desc(), col(MessageRow.id).desc()).limit(last)
     ).all()
-    return [HistoryItem(*row) for row in rows]
+    items = [HistoryItem(*row) for row in reversed(newest)]
+    first_user = next((i for i, m in enumerate(items) if m.role == "user"), 0)
+    return items[first_user:]
 
 
-def transcript(session: Session, *, session_id: str) -> Transcript:
-    """Status line and messages, tool I/O summarised (seed 000, get_agent_session_transcript)."""
+def transcript(
+    session: Session, *, session_id: str, limit: int | None = None, cursor: str | None = None
+) -> Transcript:
+    """Status line and messages, tool I/O summarised (seed 000, get_agent_session_transcript).
+
+    Without ``limit``: every message. With ``limit``: at most that many, in order, after
+    the message ``cursor`` names (a previous page's ``next_cursor``: the id of its last
+    message), with ``next_cursor`` set while more follow. One indexed range read per page,
+    whatever the transcript's length (issue 14). Raises SessionNotFound, InvalidCursor.
+    """
     row = get_session(session, session_id=session_id)
+    query = select(MessageRow).where(MessageRow.session_id == session_id)
+    if cursor is not None:
+        after = session.get(MessageRow, cursor)
+        if after is None or after.session_id != session_id:
+            raise InvalidCursor(
+                f"cursor '{cursor[:160]}' names no message of this session", path="cursor"
+            )
+        query = query.where(
+            sa_tuple(col(MessageRow.position), col(MessageRow.id))
+            > sa_tuple(after.position, after.id)
+        )
+    query = query.order_by(col(MessageRow.position), col(MessageRow.id))
+    if limit is not None:
+        query = query.limit(limit + 1)  # one more tells whether another page follows
+    found = list(session.exec(query).all())
+    next_cursor = None
+    if limit is not None and len(found) > limit:
+        found = found[:limit]
+        next_cursor = found[-1].id
     out = []
-    for m in messages(session, session_id=session_id):
+    for m in found:
         tool_input = None
         if m.tool_args is not None:
             tool_input = summarise(json_compact(m.tool_args))
@@ -498,7 +552,7 @@ def transcript(session: Session, *, session_id: str) -> Transcript:
                 at=m.created_at,
             )
         )
-    return Transcript(session_id=row.id, status=row.status, messages=out)
+    return Transcript(session_id=row.id, status=row.status, messages=out, next_cursor=next_cursor)
 
 
 def json_compact(value: Any) -> str:

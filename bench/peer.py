@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -44,7 +43,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +109,18 @@ def py_spy(path: str | None) -> Iterator[None]:
         return
     fmt = ["--format", "raw"] if path.endswith(".txt") else []  # collapsed stacks, for scripts
     proc = subprocess.Popen(
-        [exe, "record", "--pid", str(os.getpid()), "--rate", "100", "--nonblocking", "-o", path, *fmt],
+        [
+            exe,
+            "record",
+            "--pid",
+            str(os.getpid()),
+            "--rate",
+            "100",
+            "--nonblocking",
+            "-o",
+            path,
+            *fmt,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -211,7 +220,9 @@ class Bench:
         handle = self.client.get_workflow_handle(workflow_id)
         async for e in handle.fetch_history_events():
             if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-                counts[f"activity {e.activity_task_scheduled_event_attributes.activity_type.name}"] += 1
+                counts[
+                    f"activity {e.activity_task_scheduled_event_attributes.activity_type.name}"
+                ] += 1
             elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
                 counts["workflow tasks"] += 1
             elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
@@ -229,12 +240,11 @@ class Bench:
 
     async def run(self) -> None:
         import httpx
+        from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
         from temporalio.client import Client
         from temporalio.contrib.pydantic import pydantic_data_converter
         from temporalio.worker import Worker
         from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
-
-        from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 
         from baton.db import init_db, make_engine
         from baton.settings import Settings
@@ -364,7 +374,8 @@ class Bench:
             f"  one turn (HTTP, sync)       baton {b:5.2f}x bare   peer {p:5.2f}x   "
             f"target <= {TURN_RATIO}x and < peer: {verdict(b <= TURN_RATIO and b < p)}",
             f"  20 concurrent throughput    baton {bt:5.2f}x bare   peer {pt:5.2f}x   "
-            f"target >= {THROUGHPUT_RATIO}x and > peer: {verdict(bt >= THROUGHPUT_RATIO and bt > pt)}",
+            f"target >= {THROUGHPUT_RATIO}x and > peer: "
+            + verdict(bt >= THROUGHPUT_RATIO and bt > pt),
         ]
         if self.args.turns_only:
             self.report_targets()
@@ -382,7 +393,11 @@ class Bench:
         # list_agents with no policy stored is reviewed (seed 003: review is no row).
         playbook = [
             {"when": "^list_agents: ", "reply": "listed"},
-            {"when": "go", "reply": "Listing.", "tool_calls": [{"tool": "list_agents", "args": {}}]},
+            {
+                "when": "go",
+                "reply": "Listing.",
+                "tool_calls": [{"tool": "list_agents", "args": {}}],
+            },
         ]
         await self.publish(slug, {"playbook": playbook, "model": "scripted"})
         resumed, answered = [], []
@@ -489,8 +504,10 @@ class Bench:
         sent = len(self.stub.requests[-1]["messages"])
         self.out(f"== transcript of {n} messages ==")
         self.out(f"  GET transcript?limit={page} ({len(paged)} pages)  {ms(paged)}")
-        self.out(f"  GET transcript (whole, unpaged)    {whole_s * 1000:7.1f} ms "
-                 f"({len(whole.json()['messages'])} messages)")
+        self.out(
+            f"  GET transcript (whole, unpaged)    {whole_s * 1000:7.1f} ms "
+            f"({len(whole.json()['messages'])} messages)"
+        )
         self.out(f"  a turn on it (POST messages sync)  {ms(big)}   model got {sent} messages")
         p95 = pct(paged, 95) * 1000
         self.targets.append(
@@ -564,10 +581,14 @@ class Bench:
             await asyncio.gather(*tasks, return_exceptions=True)
         self.out(f"== {n} SSE followers on {len(sids)} idle sessions ({idle_s:g} s windows) ==")
         self.out(f"  no followers:     CPU {base_cpu * 100:5.1f} % of a core, {base_sql} SQL")
-        self.out(f"  {n} idle followers: CPU {cpu * 100:5.1f} % of a core, {sql} SQL "
-                 f"({sql / idle_s:.1f}/s)")
-        self.out(f"  a new turn reached all {n // len(sids)} followers of its session in "
-                 f"{wake * 1000:.0f} ms")
+        self.out(
+            f"  {n} idle followers: CPU {cpu * 100:5.1f} % of a core, {sql} SQL "
+            f"({sql / idle_s:.1f}/s)"
+        )
+        self.out(
+            f"  a new turn reached all {n // len(sids)} followers of its session in "
+            f"{wake * 1000:.0f} ms"
+        )
         extra = (cpu - base_cpu) * 100
         polls = sql / idle_s
         self.targets.append(

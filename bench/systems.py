@@ -37,7 +37,7 @@ class BareTurn:
 class PeerTurn(PydanticAIWorkflow):
     """One prompt, one pydantic-ai agent run (its model request is an activity), the reply."""
 
-    __pydantic_ai_agents__ = [peer_agent]
+    __pydantic_ai_agents__ = (peer_agent,)
 
     @workflow.run
     async def run(self, prompt: str) -> str:

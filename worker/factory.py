@@ -10,10 +10,10 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from types import CodeType
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from types import CodeType
+from typing import Any, ClassVar
 
 from sqlalchemy.engine import Engine
 from temporalio.api.enums.v1 import IndexedValueType
@@ -40,7 +40,7 @@ from activities.xagent import XAgentActivities
 from baton import telemetry
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.errors import EngineUnavailable, InvalidSettings
-from baton.settings import DEV_REVIEW_KEY, Settings
+from baton.settings import DEFAULT_CONTEXT_MESSAGES, DEV_REVIEW_KEY, Settings
 from workflows.inquiry import InquiryWorkflow
 from workflows.session import SessionWorkflow
 from workflows.step import AgentStepWorkflow
@@ -63,7 +63,7 @@ WORKFLOWS = [SessionWorkflow, AgentStepWorkflow, InquiryWorkflow]
 class _CompiledOnceLoader(importlib.machinery.SourceFileLoader):
     """A source loader that compiles each file once per process (per modification time)."""
 
-    codes: dict[tuple[str, int], CodeType] = {}
+    codes: ClassVar[dict[tuple[str, int], CodeType]] = {}
 
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
@@ -104,18 +104,21 @@ class WorkflowCodeCache(importlib.abc.MetaPathFinder):
 def install_workflow_code_cache() -> None:
     """Put a :class:`WorkflowCodeCache` for ``workflows`` first on ``sys.meta_path``, once,
     when Python writes no bytecode (with ``.pyc`` files the import system caches already)."""
-    if sys.dont_write_bytecode and not any(
-        isinstance(f, WorkflowCodeCache) for f in sys.meta_path
-    ):
+    if sys.dont_write_bytecode and not any(isinstance(f, WorkflowCodeCache) for f in sys.meta_path):
         sys.meta_path.insert(0, WorkflowCodeCache(["workflows"]))
 
 
 def activities_for(
-    engine: Engine, client: Client, *, review_key: bytes = DEV_REVIEW_KEY
+    engine: Engine,
+    client: Client,
+    *,
+    review_key: bytes = DEV_REVIEW_KEY,
+    context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
 ) -> list[Callable[..., Any]]:
     """The activity callables bound to ``engine`` (and ``client``, for delegations);
-    ``review_key`` (Settings.review_key) verifies and signs review-decision proofs."""
-    acts = SessionActivities(engine)
+    ``review_key`` (Settings.review_key) verifies and signs review-decision proofs;
+    ``context_messages`` (Settings.context_messages) bounds what a model call reads."""
+    acts = SessionActivities(engine, context_messages=context_messages)
     xagent = XAgentActivities(engine, client, review_key=review_key)
     delegation = DelegationActivities(engine, client)
     steps = StepActivities(engine)
@@ -279,6 +282,7 @@ def build_worker(
     review_key: bytes = DEV_REVIEW_KEY,
     graceful_shutdown: timedelta = timedelta(),
     deployment: WorkerDeploymentConfig | None = None,
+    context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough.
 
@@ -288,7 +292,8 @@ def build_worker(
     API decision is recorded as unverified. ``graceful_shutdown``: how long a
     shutdown (SIGTERM) lets in-flight activities finish before cancelling them
     (``BATON_WORKER_GRACEFUL_SHUTDOWN_S``). ``deployment``: Worker Versioning
-    (:func:`deployment_config`), None = unversioned.
+    (:func:`deployment_config`), None = unversioned. ``context_messages``: the context
+    window of a model call (``BATON_CONTEXT_MESSAGES``, None = the whole transcript).
     """
     install_workflow_code_cache()
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
@@ -297,7 +302,9 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(engine, client, review_key=review_key),
+        activities=activities_for(
+            engine, client, review_key=review_key, context_messages=context_messages
+        ),
         # Slots are many because a sync delegation holds one while its child runs (async,
         # no thread); blocking DB activities share the thread pool and queue there instead.
         activity_executor=ThreadPoolExecutor(max_workers=activity_threads),

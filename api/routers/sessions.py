@@ -449,13 +449,39 @@ def get_session(
 
 @router.get("/{session_id}/transcript", responses=problem_responses(404, 422), summary="Transcript")
 def get_transcript(
-    session_id: SessionIdPath, session: SessionDep, caller: CallerDep
+    session_id: SessionIdPath,
+    session: SessionDep,
+    caller: CallerDep,
+    limit: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=sessions.MAX_TRANSCRIPT_PAGE,
+            description="Page size: at most this many messages, and `next_cursor` while "
+            "more follow. Without it, the whole transcript.",
+        ),
+    ] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=160,
+            description="A previous page's `next_cursor`: the page after it (needs `limit`).",
+        ),
+    ] = None,
 ) -> sessions.Transcript:
-    """Status line then messages; tool I/O summarised, thinking never stored."""
+    """Status line then messages; tool I/O summarised, thinking never stored.
+
+    Paged with ``limit`` (1..500) and ``cursor`` (issue 14): each page is one range read,
+    so a 10,000-message transcript pages in constant time. 422 ``invalid_cursor`` for a
+    cursor naming no message of this session.
+    """
     caller.require(
         session, sessions.get_session(session, session_id=session_id).agent_slug, "viewer"
     )
-    return sessions.transcript(session, session_id=session_id)
+    if cursor is not None and limit is None:
+        raise sessions.InvalidCursor("a cursor needs a limit (the page size)", path="limit")
+    return sessions.transcript(session, session_id=session_id, limit=limit, cursor=cursor)
 
 
 @router.get(
