@@ -22,6 +22,7 @@ from sqlalchemy import tuple_ as sa_tuple
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
+from baton import notify
 from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
 from baton.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
 from baton.errors import BatonError, SessionNotFound
@@ -246,6 +247,7 @@ def append_event(
     """
     # A plain row, inserted without an ORM object: events are the hottest write.
     row = {"session_id": session_id, "type": type, "data": data, "created_at": utcnow()}
+    notify.touched(session, session_id)  # its followers in this process wake at commit
     if session.get_bind().dialect.name == "postgresql":
         # Remember the (nested) transaction: rolling back a savepoint drops its events.
         txn = session.get_nested_transaction() or session.get_transaction()
@@ -288,6 +290,8 @@ def _write_pending_events(session: Session) -> None:
     rows = [r for r, unless, _ in pending if not (unless and r["session_id"] in closed)]
     if rows:  # one multi-row INSERT: ids follow the list's order
         session.execute(sa_insert(EventRow), rows)
+        # Followers in other processes: LISTEN baton_events hears it at commit (issue 14).
+        notify.notify_sql(session, (r["session_id"] for r in rows))
 
 
 @sa_event.listens_for(Session, "after_soft_rollback")

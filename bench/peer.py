@@ -535,6 +535,10 @@ class Bench:
                 "/v1/sessions", json={"agent": self.agent, "prompt": "hello", "sync": True}
             )
             sids.append(r.json()["session_id"])
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            newest = conn.execute(sa.text("SELECT MAX(id) FROM events")).scalar_one()
         counter = SqlCounter()
         idle_s = self.args.idle_s
 
@@ -553,7 +557,7 @@ class Bench:
             nonlocal connected
             # Resume after everything there is: the follower waits for the next event.
             async with self.http.stream(
-                "GET", f"/v1/sessions/{sid}/events", params={"after": 2**61}
+                "GET", f"/v1/sessions/{sid}/events", params={"after": newest}
             ) as resp:
                 assert resp.status_code == 200
                 connected += 1

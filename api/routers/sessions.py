@@ -31,6 +31,7 @@ from baton.contracts import MAX_MESSAGE_CHARS, Provenance, TeamSnapshot
 from baton.db import session_scope
 from baton.errors import BatonError
 from baton.external import ExternalIdentity
+from baton.notify import EventNotifier
 from baton.schemas import MAX_OFFSET, Page
 from baton.settings import Settings
 from baton.spec import REF_PATTERN, SafeText, parse_ref
@@ -38,7 +39,6 @@ from baton.spec import REF_PATTERN, SafeText, parse_ref
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 SessionIdPath = Annotated[str, Path(pattern=r"^session-[0-9a-f-]{36}$", examples=["session-0b6c…"])]
-POLL_S = 0.2
 #: Event ids are 64-bit integers in every backend.
 MAX_EVENT_ID = 2**62
 #: Statuses that end an ``until=idle`` stream.
@@ -538,19 +538,26 @@ async def stream_events(
             rows = sessions.events_after(s, session_id=session_id, after=after_id)
             return [(r.id or 0, r.type, json.dumps(r.data)) for r in rows], state
 
+    notifier: EventNotifier = request.app.state.notifier
+
     async def gen() -> AsyncIterator[ServerSentEvent]:
         nonlocal cursor
-        while not await request.is_disconnected():
-            rows, state = await asyncio.to_thread(fetch, cursor)
-            for event_id, kind, data in rows:
-                cursor = event_id
-                yield ServerSentEvent(id=str(event_id), event=kind, data=data)
-                if until and kind == "status" and json.loads(data)["status"] in CLOSING:
-                    return
-            if not rows:
+        # Issue 14: read the log when the notifier says this session has new events (or
+        # every FALLBACK_S), never on a timer per follower: idle followers cost nothing.
+        with notifier.subscribe(session_id) as woken:
+            while not await request.is_disconnected():
+                woken.clear()  # before the read: an event committed after it still wakes
+                rows, state = await asyncio.to_thread(fetch, cursor)
+                for event_id, kind, data in rows:
+                    cursor = event_id
+                    yield ServerSentEvent(id=str(event_id), event=kind, data=data)
+                    if until and kind == "status" and json.loads(data)["status"] in CLOSING:
+                        return
+                if rows:
+                    continue  # read on until the log is drained, as before
                 if until and state in CLOSING:
                     return
-                await asyncio.sleep(POLL_S)
+                await woken.wait()
 
     return EventSourceResponse(gen(), ping=15)
 
