@@ -125,7 +125,8 @@ def test_transcript_route_checks_limit_and_cursor(settings: Settings, api: httpx
     url = f"/v1/sessions/{sid}/transcript"
     assert api.get(url, params={"limit": 0}).status_code == 422
     assert api.get(url, params={"limit": 501}).status_code == 422
-    for params in ({"cursor": f"{sid}:m0"}, {"limit": 2, "cursor": "nothing-here"}):
+    bad: list[dict[str, str | int]] = [{"cursor": f"{sid}:m0"}, {"limit": 2, "cursor": "nothing"}]
+    for params in bad:
         r = api.get(url, params=params)
         assert r.status_code == 422 and r.json()["code"] == "invalid_cursor", r.text
     page = api.get(url, params={"limit": 2}).json()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import select
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts import Provenance, ReviewDecision, SessionConfig
@@ -67,7 +68,10 @@ async def test_a_retried_authorize_keeps_the_review_it_opened(
         handle = temporal_env.client.get_workflow_handle(sid)
 
         async def waiting() -> bool:
-            pending = await handle.query("pending_reviews")
+            try:
+                pending = await handle.query("pending_reviews")
+            except RPCError:  # "no poller seen": the new worker is still starting
+                return False
             return [p["review_id"] for p in pending] == [review.id]
 
         deadline = asyncio.get_running_loop().time() + 90
