@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Table
 from sqlalchemy import event as sa_event
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
@@ -221,6 +222,11 @@ def list_sessions(
     return page(session, SessionRow, where=where, order_by=newest_first, limit=limit, offset=offset)
 
 
+#: The tables of the hot writes, for Core statements (no ORM machinery per statement).
+_SESSIONS: Table = SessionRow.__table__  # type: ignore[attr-defined]
+_MESSAGES: Table = MessageRow.__table__  # type: ignore[attr-defined]
+_EVENTS: Table = EventRow.__table__  # type: ignore[attr-defined]
+
 #: ``Session.info`` key of the events a PostgreSQL transaction writes at commit.
 _PENDING_EVENTS = "baton_pending_events"
 
@@ -254,7 +260,7 @@ def append_event(
         session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed, txn))
     elif not (unless_closed and lock_session(session, session_id=session_id) in CLOSED_STATUSES):
         # The status was read under SQLite's write lock: no cancel slips in.
-        session.execute(sa_insert(EventRow), [row])
+        session.connection().execute(sa_insert(_EVENTS), [row])
 
 
 @sa_event.listens_for(Session, "before_commit")
@@ -289,7 +295,7 @@ def _write_pending_events(session: Session) -> None:
     )
     rows = [r for r, unless, _ in pending if not (unless and r["session_id"] in closed)]
     if rows:  # one multi-row INSERT: ids follow the list's order
-        session.execute(sa_insert(EventRow), rows)
+        session.connection().execute(sa_insert(_EVENTS), rows)
         # Followers in other processes: LISTEN baton_events hears it at commit (issue 14).
         notify.notify_sql(session, (r["session_id"] for r in rows))
 
@@ -363,17 +369,16 @@ def set_status(session: Session, *, session_id: str, status: SessionStatus) -> N
     # One conditional UPDATE: it takes the row lock (waiting for a writer that holds it)
     # and only then reads the status. A closed session is terminal, so late writers
     # cannot reopen it, and an unchanged status writes no event.
-    changed = session.execute(
-        sa_update(SessionRow)
+    changed = session.connection().execute(
+        sa_update(_SESSIONS)
         .where(
-            col(SessionRow.id) == session_id,
-            col(SessionRow.status).not_in(CLOSED_STATUSES),
-            col(SessionRow.status) != status,
+            _SESSIONS.c.id == session_id,
+            _SESSIONS.c.status.not_in(CLOSED_STATUSES),
+            _SESSIONS.c.status != status,
         )
-        .values(status=status, last_activity_at=utcnow()),
-        execution_options={"synchronize_session": False},
+        .values(status=status, last_activity_at=utcnow())
     )
-    if changed.rowcount:  # type: ignore[attr-defined]
+    if changed.rowcount:
         _expire_loaded(session, session_id, ["status", "last_activity_at"])
         append_event(session, session_id=session_id, type="status", data={"status": status})
     elif session.get(SessionRow, session_id) is None:
@@ -408,26 +413,28 @@ def add_message(
     SessionNotFound. Written with two statements (the hot path of every turn): an
     in-place counter increment, then the message row, with no ORM object built.
     """
-    if session.get(MessageRow, message_id) is not None:
+    # Core statements on the transaction's connection: the ORM's per-statement machinery
+    # (identity lookups, bulk-persistence compile) cost more CPU than the SQL (issue 14).
+    if session.execute(sa_select(_MESSAGES.c.id).where(_MESSAGES.c.id == message_id)).first():
         return False
     now = utcnow()
     counters: dict[str, Any] = {
-        "message_count": SessionRow.message_count + 1,
+        "message_count": _SESSIONS.c.message_count + 1,
         "last_activity_at": now,
     }
     if usage is not None:
-        counters["input_tokens"] = SessionRow.input_tokens + usage.input_tokens
-        counters["output_tokens"] = SessionRow.output_tokens + usage.output_tokens
+        counters["input_tokens"] = _SESSIONS.c.input_tokens + usage.input_tokens
+        counters["output_tokens"] = _SESSIONS.c.output_tokens + usage.output_tokens
+    conn = session.connection()
     # An in-place increment: no read of the session row, and no lost update.
-    bumped = session.execute(
-        sa_update(SessionRow).where(col(SessionRow.id) == session_id).values(**counters),
-        execution_options={"synchronize_session": False},
+    bumped = conn.execute(
+        sa_update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(**counters)
     )
-    if not bumped.rowcount:  # type: ignore[attr-defined]
+    if not bumped.rowcount:
         raise SessionNotFound(f"no session '{session_id}'")
     _expire_loaded(session, session_id, list(counters))
-    session.execute(
-        sa_insert(MessageRow).values(
+    conn.execute(
+        sa_insert(_MESSAGES).values(
             id=message_id,
             session_id=session_id,
             position=position,
