@@ -585,7 +585,7 @@ def cross_agent_guard(
       was bounded when it was published and the runtime depth ceiling bounds it.
 
     Pure (no I/O): the workflow calls it before scheduling anything and
-    ``baton.permissions.decide`` calls it again for every path that reaches an
+    ``baton.permissions.gate.decide`` calls it again for every path that reaches an
     activity without the workflow (routes, mentions), so no path skips it.
     Returns None when the call may go on to the ACL and the policy.
     """
@@ -729,7 +729,8 @@ class ReviewDecision(BaseModel):
     proof: str | None = Field(
         default=None,
         max_length=128,
-        description="HMAC-SHA256 (hex) the API or the worker adds (baton.reviews.prove); "
+        description="HMAC-SHA256 (hex) the API or the worker adds "
+        "(baton.permissions.reviews.prove); "
         "a decision without a valid one is recorded as 'temporal (unverified)'.",
     )
 

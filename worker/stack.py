@@ -22,9 +22,9 @@ import uvicorn
 
 from baton import telemetry
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import make_engine
-from baton.migrate import require_current
 from baton.settings import Settings
+from baton.storage.db import make_engine
+from baton.storage.migrate import require_current
 from worker.factory import build_worker, connect, deployment_config
 
 log = logging.getLogger("baton.stack")
