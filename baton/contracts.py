@@ -536,13 +536,6 @@ def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
 
 # --- X-Agent tools (seed 000) -------------------------------------------------
 
-XAgentTool = Literal[
-    "list_agents",
-    "create_agent",
-    "invoke_agent",
-    "get_agent_sessions",
-    "get_agent_session_transcript",
-]
 #: Policy-controlled operations (seed 003, 'Operations'); create always reviews.
 Operation = Literal["list", "read", "invoke", "create"]
 OPERATION_OF: dict[str, Operation] = {
@@ -560,7 +553,6 @@ ONE_HOP_VIOLATION = "one_hop_violation"
 BLOCKED_BY_POLICY = "blocked_by_policy"
 #: Every path by which one agent makes another run (the audit log's ``via``).
 Via = Literal["invoke", "delegate_to", "route", "mention", "task"]
-VIAS: tuple[Via, ...] = ("invoke", "delegate_to", "route", "mention", "task")
 
 
 class GuardRefusal(BaseModel):
@@ -972,15 +964,6 @@ class LateDecision(BaseModel):
 
 SessionInput.model_rebuild()
 # --- Inquiries (issue 15: the ambassador, seed 002) ---------------------------------------
-
-#: The ambassador's read-only tool belt, plus ``draft_message`` (writes only to the inquiry).
-AMBASSADOR_TOOLS = (
-    "list_conversations",
-    "read_conversation",
-    "explore_conversation",
-    "summarize_conversation",
-    "draft_message",
-)
 
 
 class InquiryInput(BaseModel):

@@ -25,7 +25,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from sqlmodel import Session, col, select
 
-from baton.contracts import position
 from baton.errors import BatonError, Conflict, NotFound
 from baton.grants import auth
 from baton.runs import run_tree, session_store
@@ -244,11 +243,6 @@ def mark_sent(session: Session, *, inquiry_id: str, message_id: str) -> None:
 
 
 # --- the ambassador's own transcript ----------------------------------------------------
-
-
-def step_position(step: int, kind: int, index: int = 0) -> str:
-    """Sort key of an inquiry step (the session's message positions, turn 0)."""
-    return position(0, step, kind, index)
 
 
 def add_step(
