@@ -758,7 +758,10 @@ class SettleInput(BaseModel):
     target: str | None = None
     outcome: ReviewOutcome
     decision: ReviewDecision | None = None
-    timeout_s: float = 300.0
+    timeout_s: float = Field(
+        default=SessionConfig.model_fields["review_timeout_s"].default,
+        description="The review's timeout (the session's review_timeout_s).",
+    )
     auth: bool = Field(
         default=False, description="Auth mode: an unproven decision never saves a policy."
     )
@@ -978,7 +981,7 @@ class InquiryInput(BaseModel):
     default_model: str | None = None
     prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
     max_steps: int = Field(default=8, description="Model calls one inquiry may make.")
-    model_turn_timeout_s: float = 300.0
+    model_turn_timeout_s: float = SessionConfig.model_fields["model_turn_timeout_s"].default
     config: SessionConfig = Field(
         default_factory=SessionConfig,
         description="The engine's activity timeouts and retry budget (as a session's).",
