@@ -246,8 +246,8 @@ class Bench:
         from temporalio.worker import Worker
         from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-        from baton.db import init_db, make_engine
         from baton.settings import Settings
+        from baton.storage.db import init_db, make_engine
         from tests.openai_stub import OpenAIStub
         from worker.factory import PASSTHROUGH
         from worker.stack import DevServer, ServicesThread, free_port
@@ -443,7 +443,7 @@ class Bench:
         import sqlalchemy as sa
 
         from baton.contracts import position
-        from baton.db import MessageRow, SessionRow, session_scope, utcnow
+        from baton.storage.db import MessageRow, SessionRow, session_scope, utcnow
 
         r = await self.http.post(
             "/v1/sessions", json={"agent": self.agent, "prompt": "hello", "sync": True}

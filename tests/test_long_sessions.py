@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 
-from baton import sessions
 from baton.contracts import Provenance, position
-from baton.db import session_scope
-from baton.launch import send_message
+from baton.runs import session_store as sessions
+from baton.runs.launch import send_message
 from baton.settings import Settings
+from baton.storage.db import session_scope
 from tests.conftest import serve
 from tests.helpers import launch, publish
 from tests.openai_stub import OpenAIStub
@@ -115,7 +115,7 @@ def test_history_window_keeps_the_newest_messages_from_a_user_message(engine: En
 def test_transcript_route_checks_limit_and_cursor(settings: Settings, api: httpx.Client) -> None:
     """limit 0 or 501 is a 422; a cursor without limit or naming nothing is invalid_cursor;
     limit 500 (the bound) pages."""
-    from baton.db import make_engine
+    from baton.storage.db import make_engine
 
     engine = make_engine(settings.database_url)
     try:

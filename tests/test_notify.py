@@ -20,11 +20,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from baton import sessions
 from baton.contracts import Provenance
-from baton.db import make_engine, session_scope
-from baton.notify import EventNotifier
+from baton.runs import session_store as sessions
 from baton.settings import Settings
+from baton.storage.db import make_engine, session_scope
+from baton.storage.notify import EventNotifier
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,9 @@ def _append(engine: Engine, sid: str, text: str = "hi") -> None:
 def _append_elsewhere(url: str, sid: str) -> None:
     """Write one event of ``sid`` from another OS process, through Baton's own writer."""
     code = (
-        "import sys; from baton import sessions; from baton.db import make_engine, session_scope\n"
+        "import sys\n"
+        "from baton.runs import session_store as sessions\n"
+        "from baton.storage.db import make_engine, session_scope\n"
         "e = make_engine(sys.argv[1])\n"
         "with session_scope(e) as s:\n"
         "    sessions.append_event(s, session_id=sys.argv[2], type='chunk', data={'text': 'x'})\n"
@@ -103,7 +105,7 @@ async def test_a_commit_in_this_process_wakes_at_once(engine: Engine) -> None:
 async def test_the_sqlite_poller_reads_once_per_period_for_all_followers(tmp_path: Path) -> None:
     """100 idle followers cost one read per period (not one each), and none at all once
     the last one has left."""
-    from baton.db import init_db
+    from baton.storage.db import init_db
 
     engine = make_engine(f"sqlite:///{tmp_path / 'n.db'}")
     init_db(engine)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.models import build_model
+from baton.providers.models import build_model
 from worker.factory import WorkflowCodeCache, _CompiledOnceLoader
 
 

@@ -72,7 +72,7 @@ def _forget(session: Session) -> None:
 
 def notify_sql(session: Session, session_ids: Iterable[str]) -> None:
     """PostgreSQL: ``pg_notify`` per session, sent by the server when the transaction
-    commits (:func:`baton.sessions._write_pending_events` calls it with the rows)."""
+    commits (:func:`baton.runs.session_store._write_pending_events` calls it with the rows)."""
     for sid in sorted(set(session_ids)):
         session.execute(
             sa.text("SELECT pg_notify(:channel, :sid)"), {"channel": CHANNEL, "sid": sid}

@@ -23,10 +23,10 @@ from sqlalchemy import tuple_ as sa_tuple
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
-from baton import notify
 from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
-from baton.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
 from baton.errors import BatonError, SessionNotFound
+from baton.storage import notify
+from baton.storage.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
 
 
 class InvalidCursor(BatonError):
