@@ -161,7 +161,18 @@ class Bench:
         print(f"[{time.perf_counter() - self.t0:6.1f} s] {what}", flush=True)
 
     def out(self, line: str = "") -> None:
+        """A report line: printed now (a later phase may fail) and again in the summary."""
+        print(line, flush=True)
         self.lines.append(line)
+
+    async def phase(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Run one Baton-only phase; a failure (e.g. code before issue 14 timing out) is
+        reported as that phase's result and the others still run."""
+        try:
+            await run()
+        except Exception as exc:
+            self.out(f"== {name}: FAILED ({type(exc).__name__}: {str(exc)[:200]}) ==")
+            self.targets.append(f"  {name:<28} FAILED: {type(exc).__name__}")
 
     # --- drivers: one turn of each system ------------------------------------------------
 
@@ -302,15 +313,17 @@ class Bench:
                 await self.publish(self.agent, {"system_prompt": "Answer briefly.", "model": MODEL})
                 await self.turns()
                 if not args.turns_only:
-                    await self.review()
-                    await self.transcript()
-                    await self.followers()
+                    await self.phase("review", self.review)
+                    await self.phase("transcript", self.transcript)
+                    await self.phase("SSE followers", self.followers)
+                    self.report_targets()
         finally:
             services.stop()
             server.stop()
             stub_server.should_exit = True
             engine.dispose()
             shutil.rmtree(tmp, ignore_errors=True)
+        print("\n== summary ==")
         print("\n".join(self.lines))
         print(f"\ntotal {time.perf_counter() - self.t0:.1f} s")
 
@@ -601,7 +614,6 @@ class Bench:
             f"peer n/a   target: no per-follower polling, CPU near zero: "
             f"{verdict(polls < n / 10 and extra < 5)}"
         )
-        self.report_targets()
 
     async def _message_async(self, sid: str) -> None:
         r = await self.http.post(f"/v1/sessions/{sid}/messages", json={"prompt": "hello"})
