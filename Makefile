@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
 	touch $@
 
+# lint-imports: the import contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -33,4 +35,4 @@ demo: $(STAMP)
 	$(BIN)/baton demo
 
 clean:
-	rm -rf $(VENV) .baton .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .baton .pytest_cache .mypy_cache .ruff_cache .import_linter_cache site

@@ -25,9 +25,9 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from activities.steps import StepActivities
-from baton.cli import app as cli_app
 from baton.contracts import StepUpdate
 from baton.settings import get_settings
+from cli import app as cli_app
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, agent, poll, running_stack
 

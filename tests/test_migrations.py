@@ -30,14 +30,14 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
 from baton import migrate
-from baton.cli import app
 from baton.db import Agent, MessageRow, SessionRow, init_db, make_engine, session_scope
 from baton.settings import get_settings
+from cli import app
 from tests.test_fault import worker_env
 from worker.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-BATON = [sys.executable, "-m", "baton.cli"]
+BATON = [sys.executable, "-m", "cli"]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -175,8 +175,8 @@ def test_the_review_secret_is_required_in_auth_mode_and_32_characters_long(
 @pytest.mark.parametrize(
     ("argv", "exit_code"),
     [
-        (["baton.cli", "api"], 1),
-        (["baton.cli", "worker"], 1),
+        (["cli", "api"], 1),
+        (["cli", "worker"], 1),
         # The app factory itself (deployments may run it under uvicorn): its lifespan refuses.
         (["uvicorn", "api.app:create_app", "--factory", "--port", "0"], 3),
     ],

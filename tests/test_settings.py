@@ -63,7 +63,7 @@ def test_repr_hides_the_database_password() -> None:
 def test_importing_reads_no_settings_and_touches_no_disk(tmp_path: Path) -> None:
     """Importing the app, CLI and registry neither loads settings nor creates ./.baton."""
     code = (
-        "import api.app, baton.cli, baton.registry, baton.apply\n"
+        "import api.app, cli, baton.registry, baton.apply\n"
         "from baton.settings import get_settings\n"
         "assert get_settings.cache_info().currsize == 0\n"
         "import os; assert not os.path.exists('.baton')\n"
