@@ -20,6 +20,9 @@ app = typer.Typer()
 
 
 def apply_file(path: Path, settings: Settings | None = None) -> None:
+    """Apply the agents file at ``path`` to the database of ``settings`` (default: the
+    environment's) and print a slug/version/change table; raises :class:`BatonError`
+    for a bad file or a refused change (nothing is applied then)."""
     from baton.apply import apply_agents, load_apply_file
     from baton.db import init_db, make_engine, session_scope
     from baton.settings import get_settings

@@ -109,6 +109,8 @@ def checked(resp: httpx.Response) -> dict[str, object]:
 
 @contextlib.contextmanager
 def db_session() -> Iterator[Session]:
+    """A database session on BATON_DATABASE_URL (an empty database gets the schema, see
+    :func:`baton.db.init_db`); errors become one line and exit 1."""
     from baton.db import init_db, make_engine, session_scope
     from baton.settings import get_settings
 
