@@ -176,7 +176,7 @@ def require_current(engine: Engine) -> SchemaState:
     Returns the state when the database is at head. A revision this code does not
     know (a newer Baton already migrated, e.g. mid rolling upgrade or on rollback)
     is logged and allowed: revisions are written backward compatible (see
-    deploy/README.md, 'Upgrading'). Raises :class:`SchemaOutOfDate` naming
+    docs/deployment.md, 'Upgrading'). Raises :class:`SchemaOutOfDate` naming
     ``baton db upgrade`` when the database is empty, legacy or behind.
     """
     state = schema_state(engine)

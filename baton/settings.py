@@ -55,8 +55,16 @@ class Settings(BaseSettings):
         default=DEFAULT_DATABASE_URL,
         description="SQLAlchemy URL: sqlite:///path or postgresql+psycopg://user:pw@host/db.",
     )
-    temporal_address: str = Field(default="localhost:7233", description="host:port of Temporal.")
-    temporal_namespace: str = Field(default="default")
+    temporal_address: str = Field(
+        default="localhost:7233",
+        description="host:port of the Temporal frontend (`baton dev` and `make demo` run "
+        "their own); when set it wins over the Temporal profile, its default only fills "
+        "what the profile leaves unset.",
+    )
+    temporal_namespace: str = Field(
+        default="default",
+        description="Temporal namespace; the same precedence over the profile as the address.",
+    )
     task_queue: str = Field(default="baton", description="Task queue the worker polls.")
     temporal_ui_url: str = Field(
         default="http://localhost:8233", description="Base URL of the Temporal Web UI for links."
@@ -67,7 +75,7 @@ class Settings(BaseSettings):
         le=7 * 86400,
         allow_inf_nan=False,
         description="Seconds a policy review waits for a decision before it is denied "
-        "(seed 003, 'Review timeout').",
+        "(seed 003, 'Review timeout'); read at launch: a running session keeps its value.",
     )
     max_delegation_depth: int = Field(
         default=3, ge=1, description="How many delegation hops a run may nest (seed 002)."
@@ -76,7 +84,7 @@ class Settings(BaseSettings):
         default=8,
         ge=1,
         description="Per-deployment nesting ceiling no agent setting can raise (seed 004, "
-        "'What bounds a tree').",
+        "'What bounds a tree'); BATON_MAX_DELEGATION_DEPTH may not exceed it.",
     )
     auth: Literal["off", "on"] = Field(
         default="off", description="'on' requires bearer API tokens and applies agent ACLs."
@@ -107,11 +115,14 @@ class Settings(BaseSettings):
         default=100,
         ge=1,
         le=100_000,
-        description="Sessions one run may start in all, whatever its agents' limits say.",
+        description="Sessions one run may start in all (every delegation kind), whatever its "
+        "agents' limits say.",
     )
     api_url: str = Field(
         default="http://127.0.0.1:8000",
-        description="Where CLI commands that talk to the API (`baton reviews`) find it.",
+        description="Where the CLI commands that talk to the API (`baton run`, `trace`, "
+        "`reviews`, `step`, `usage`) find it; `--api` overrides it, and an unreachable API "
+        "is an error naming the URL and this variable.",
     )
     token: SecretStr | None = Field(
         default=None, description="Bearer API token the CLI sends in auth mode (BATON_TOKEN)."
@@ -127,7 +138,8 @@ class Settings(BaseSettings):
         default=None,
         description="Key of the proofs on review decisions (HMAC-SHA256), at least "
         f"{MIN_REVIEW_SECRET} characters, the same on every API replica and worker; "
-        "required with BATON_AUTH=on.",
+        "required with BATON_AUTH=on. Unset with auth off, a public development key is "
+        "used (proofs then only tell API decisions from raw Signals).",
     )
     # Issue 11 (helper E): the Temporal connection, worker versioning and shutdown.
     temporal_env_config: bool = Field(
@@ -141,7 +153,8 @@ class Settings(BaseSettings):
         gt=0,
         le=300,
         allow_inf_nan=False,
-        description="Seconds a connection to Temporal may take before startup fails.",
+        description="Seconds a connection to Temporal may take before startup fails (one "
+        "line, exit 1).",
     )
     # Issue 11: the worker's SIGTERM drain (deploy/ names it: terminationGracePeriodSeconds).
     worker_graceful_shutdown_s: float = Field(
@@ -150,7 +163,8 @@ class Settings(BaseSettings):
         le=3600,
         allow_inf_nan=False,
         description="Seconds a stopping worker (SIGTERM) lets in-flight activities finish "
-        "before cancelling them; keep it below the pod's terminationGracePeriodSeconds.",
+        "before cancelling them (they are retried elsewhere); keep it below the pod's "
+        "terminationGracePeriodSeconds.",
     )
     worker_deployment: str | None = Field(
         default=None,
@@ -232,7 +246,8 @@ class Settings(BaseSettings):
         gt=0,
         le=3600,
         allow_inf_nan=False,
-        description="Seconds POST /v1/sessions/{id}/inquiries waits for the answer.",
+        description="Seconds POST /v1/sessions/{id}/inquiries waits for the answer "
+        "(504 inquiry_timeout past it).",
     )
     voice_base_url: str | None = Field(
         default=None,
@@ -240,8 +255,12 @@ class Settings(BaseSettings):
         "/audio/transcriptions); unset = voice off.",
     )
     voice_api_key: SecretStr | None = Field(default=None, description="Key of the voice provider.")
-    voice_tts_model: str = Field(default="tts-1", max_length=200)
-    voice_stt_model: str = Field(default="whisper-1", max_length=200)
+    voice_tts_model: str = Field(
+        default="tts-1", max_length=200, description="Text-to-speech model of the voice."
+    )
+    voice_stt_model: str = Field(
+        default="whisper-1", max_length=200, description="Speech-to-text model of the voice."
+    )
     voice_name: str = Field(default="alloy", max_length=100, description="The speaking voice.")
     # Issue 12 item 6 (helper I): the worker's Prometheus endpoint (baton.telemetry).
     metrics_bind: str | None = Field(

@@ -10,7 +10,7 @@ from rich.markup import escape
 from baton.settings import Settings
 from cli.common import console, one_line_errors
 
-app = typer.Typer(help="The database schema: Alembic migrations (see deploy/README.md).")
+app = typer.Typer(help="The database schema: Alembic migrations (see docs/deployment.md).")
 
 
 def upgrade_schema(settings: Settings, *, revision: str = "head", quiet: bool = False) -> None:
