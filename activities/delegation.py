@@ -1,7 +1,8 @@
-"""The ``delegate`` activity (DESIGN §4): every delegation — invoke_agent, delegate_to,
-a subagent ``task``, a team route, an @mention — starts or continues the target's
-own ``Session`` workflow through the Temporal client; and ``cancel_delegations``,
-the cancel cascade (seed 002, seed 004 'What bounds a tree', DESIGN §7).
+"""The ``delegate`` activity (docs/architecture.md, delegation): every delegation —
+invoke_agent, delegate_to, a subagent ``task``, a team route, an @mention — starts or
+continues the target's own ``Session`` workflow through the Temporal client; and
+``cancel_delegations``, the cancel cascade (AgentX Agent Teams; Xema Agent Concepts,
+'What bounds a tree'; docs/teams.md).
 
 Before a child starts, the run's bounds are checked in the same transaction that
 records the delegation: ``max_delegation_depth`` (delegate_to), the runtime depth
@@ -86,7 +87,7 @@ class Plan:
 
 
 def child_agent(session: Session, caller: ResolvedAgent, alias: str) -> ResolvedAgent:
-    """The configuration a subagent ``task`` runs with (seed 004, 'Subagents').
+    """The configuration a subagent ``task`` runs with (Xema Agent Concepts, 'Subagents').
 
     The node's pinned agent, overlaid with the node-local instructions, model
     override and narrowed tools; its children are the node's, or (a leaf node)
@@ -496,7 +497,7 @@ MENTION = re.compile(r"(?<![\w@])@([a-z0-9][a-z0-9-]{0,62})\b")
 
 def route_for(session: Session, inp: RouteInput) -> tuple[str, str] | None:
     """``(kind, target)`` for a message: a matching team route first, else the first
-    @mention of another live agent (seed 002, '@-mention routing'); else None."""
+    @mention of another live agent (AgentX Agent Teams, '@-mention routing'); else None."""
     if inp.team is not None:
         to = teams.match_route(inp.team.routes, inp.prompt)
         if to is not None:

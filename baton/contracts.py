@@ -254,10 +254,11 @@ class SessionConfig(BaseModel):
     )
     auth: bool = Field(default=False, description="BATON_AUTH=on: ACL checks apply.")
     allow_adhoc_delegation: bool = Field(
-        default=True, description="Roster agents are offered to ordinary sessions (seed 002)."
+        default=True,
+        description="Roster agents are offered to ordinary sessions (AgentX Agent Teams).",
     )
     runtime_depth_ceiling: int = Field(
-        default=8, description="No delegation nests deeper than this (seed 004)."
+        default=8, description="No delegation nests deeper than this (Xema Agent Concepts)."
     )
     prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="Model prices (USD per million tokens) for metering."
@@ -298,7 +299,7 @@ class UserMessage(BaseModel):
 
     ``invoked_by_agent`` is set by the ``delegate`` activity when another agent
     sends this message (invoke_agent with ``session_id``): that turn is an invoked
-    one and may not invoke further (seed 000, 'One-hop invocation rule').
+    one and may not invoke further (Gamut X-Agent, 'One-hop invocation rule').
     """
 
     prompt: str
@@ -318,7 +319,7 @@ class TeamMemberSnapshot(BaseModel):
 
 
 class TeamSnapshot(BaseModel):
-    """The team of a team run, fixed at launch (DESIGN §7)."""
+    """The team of a team run, fixed at launch (docs/teams.md)."""
 
     id: str
     supervisor: str
@@ -504,7 +505,7 @@ class TurnOutcome(BaseModel):
     usage: Usage = Field(default_factory=Usage)
 
 
-#: Keyword search attributes (DESIGN §4); registered by the stack.
+#: Keyword search attributes (docs/operations.md, The Temporal UI); registered by the stack.
 SA_AGENT = SearchAttributeKey.for_keyword("BatonAgent")
 SA_VERSION = SearchAttributeKey.for_keyword("BatonAgentVersion")
 SA_INVOKED_BY = SearchAttributeKey.for_keyword("BatonInvokedBy")
@@ -534,7 +535,7 @@ def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
     return TypedSearchAttributes(pairs)
 
 
-# --- X-Agent tools (seed 000) -------------------------------------------------
+# --- X-Agent tools (Gamut X-Agent) -------------------------------------------------
 
 XAgentTool = Literal[
     "list_agents",
@@ -543,7 +544,7 @@ XAgentTool = Literal[
     "get_agent_sessions",
     "get_agent_session_transcript",
 ]
-#: Policy-controlled operations (seed 003, 'Operations'); create always reviews.
+#: Policy-controlled operations (Gamut X-Agent Policies, 'Operations'); create always reviews.
 Operation = Literal["list", "read", "invoke", "create"]
 OPERATION_OF: dict[str, Operation] = {
     "list_agents": "list",
@@ -553,7 +554,7 @@ OPERATION_OF: dict[str, Operation] = {
     "get_agent_session_transcript": "read",
 }
 XAGENT_TOOLS = tuple(OPERATION_OF)
-#: Guard refusal codes (DESIGN §5), returned to the model in the tool error.
+#: Guard refusal codes (docs/xagent.md), returned to the model in the tool error.
 SELF_INVOCATION = "self_invocation"
 SELF_DELEGATION = "self_delegation"
 ONE_HOP_VIOLATION = "one_hop_violation"
@@ -573,12 +574,12 @@ class GuardRefusal(BaseModel):
 def cross_agent_guard(
     *, via: Via, caller: str, target: str | None, invoked: bool
 ) -> GuardRefusal | None:
-    """The guards every cross-agent path passes first, before ACL and policy (DESIGN §5).
+    """The guards every cross-agent path passes first, before ACL and policy (docs/xagent.md).
 
-    - self-invocation (seed 000): an agent never makes itself run through
+    - self-invocation (Gamut X-Agent): an agent never makes itself run through
       invoke_agent (``self_invocation``), delegate_to, a route or a mention
       (``self_delegation``);
-    - one hop (seed 000, 'One-hop invocation rule', applied to every path): an
+    - one hop (Gamut X-Agent, 'One-hop invocation rule', applied to every path): an
       invoked turn — any turn of a session another agent started, or a turn
       another agent sent — cannot make a third agent run (``one_hop_violation``).
       A subagent ``task`` of the agent's own published tree is exempt: the tree
@@ -714,7 +715,7 @@ Decision = Literal["deny", "allow_once", "always_allow"]
 
 
 class ReviewDecision(BaseModel):
-    """Signal ``review_decision`` argument (DESIGN §6).
+    """Signal ``review_decision`` argument (docs/xagent.md, Reviews).
 
     ``scope`` applies to ``always_allow``: ``target`` saves a per-target policy,
     ``all`` a global one (list is global only). ``decision_id`` lets the API tell
@@ -735,7 +736,8 @@ class ReviewDecision(BaseModel):
 
 
 class AuthorizeInput(BaseModel):
-    """``authorize`` activity input: ACL then policy for one X-Agent call (seed 003)."""
+    """``authorize`` activity input: ACL then policy for one X-Agent call (Gamut X-Agent
+    Policies)."""
 
     tool: ToolMessage
     user: str
@@ -745,7 +747,7 @@ class AuthorizeInput(BaseModel):
     preview: str = ""
     auth: bool = False
     invoked: bool = Field(
-        default=False, description="The calling turn is an invoked one (seed 000, one hop)."
+        default=False, description="The calling turn is an invoked one (Gamut X-Agent, one hop)."
     )
 
 
@@ -799,7 +801,8 @@ class XAgentCall(BaseModel):
 
 
 class DelegateInput(BaseModel):
-    """``delegate`` activity input (DESIGN §4): start or continue a target session."""
+    """``delegate`` activity input (docs/architecture.md, delegation): start or continue a
+    target session."""
 
     tool: ToolMessage
     delegation_id: str
@@ -819,11 +822,11 @@ class DelegateInput(BaseModel):
     run_limits: ResolvedLimits | None = None
     disable_delegation: bool = False
     invoked: bool = Field(
-        default=False, description="The calling turn is an invoked one (seed 000, one hop)."
+        default=False, description="The calling turn is an invoked one (Gamut X-Agent, one hop)."
     )
 
 
-# --- Delegation (seed 002 delegate_to, seed 004 subagent task) ---------------------
+# --- Delegation (AgentX Agent Teams delegate_to, Xema Agent Concepts subagent task) ---------------
 
 DELEGATION_TOOLS = ("delegate_to", "task")
 LIMIT_EXCEEDED = "limit_exceeded"
@@ -871,7 +874,7 @@ class RouteDecision(BaseModel):
     call: ToolCall | None = None
 
 
-# --- Workflow-agent steps (issue 6; seed 004 'One Agent, two execution experiences') ----
+# --- Workflow-agent steps (issue 6; Xema Agent Concepts 'One Agent, two execution experiences') ---
 
 StepStatus = Literal["running", "awaiting_handoff", "completed", "failed", "rejected"]
 STEP_CLOSED = ("completed", "failed", "rejected")
@@ -970,7 +973,7 @@ class LateDecision(BaseModel):
 
 
 SessionInput.model_rebuild()
-# --- Inquiries (issue 15: the ambassador, seed 002) ---------------------------------------
+# --- Inquiries (issue 15: the ambassador, AgentX Agent Teams) -------------------------------------
 
 #: The ambassador's read-only tool belt, plus ``draft_message`` (writes only to the inquiry).
 AMBASSADOR_TOOLS = (
@@ -1037,7 +1040,7 @@ class InquiryResult(BaseModel):
     steps: int = 0
 
 
-# --- Agents outside Baton: external sessions over MCP (issue 13, DESIGN §11) ----------
+# --- Agents outside Baton: external sessions over MCP (issue 13, docs/mcp.md) ----------
 
 #: Update names on SessionWorkflow (stable once shipped).
 EXTERNAL_TOOL_CALL = "external_tool_call"
@@ -1052,7 +1055,7 @@ UNKNOWN_TOOL = "unknown_tool"
 
 class ExternalToolCall(BaseModel):
     """Update ``external_tool_call``: one X-Agent tool call an external process made over
-    MCP, run by the session's workflow exactly as a model's tool call (DESIGN §5).
+    MCP, run by the session's workflow exactly as a model's tool call (docs/xagent.md).
 
     ``call_id`` is the MCP layer's idempotency key (also the Update id's suffix); the
     workflow chooses where the result is stored. ``args`` are validated by the workflow

@@ -1,5 +1,5 @@
 """Delegations: the edges of a run's tree, the events forwarded to the root session,
-run-wide limits and the trace (seed 002 'Execution & Streaming', DESIGN §7).
+run-wide limits and the trace (AgentX Agent Teams 'Execution & Streaming', docs/teams.md).
 
 A run is the tree of sessions under one root session. Every delegation
 (invoke_agent, delegate_to, task, a team route, an @mention) is a row here, so
@@ -192,7 +192,7 @@ def admit_tokens(
     need: int = 0,
     excluding: str | None = None,
 ) -> int:
-    """The run's ``token_budget`` rule, for every path that may spend (seed 004 'limits',
+    """The run's ``token_budget`` rule, for every path that may spend (Xema Agent Concepts 'limits',
     enforced; issue 10 item 6): a new delegation (``need`` 0) and a new model call
     (``need`` = its input estimate) are admitted only while
     ``used + reserved + need < token_budget``, so a model call always has room for at

@@ -1,6 +1,6 @@
-"""External sessions: agents that run outside Baton and reach it over MCP (issue 13, DESIGN §11).
+"""External sessions: agents that run outside Baton and reach it over MCP (issue 13, docs/mcp.md).
 
-Seed 000, 'How it works': each agent container has an MCP server ``agents`` whose
+Gamut X-Agent, 'How it works': each agent container has an MCP server ``agents`` whose
 calls travel back to the host authenticated with the container's *proxy token*;
 the host resolves which agent is calling, applies the policies and performs the
 operation on the caller's behalf. In Baton an external session is a
@@ -139,7 +139,7 @@ def authenticate(s: Session, token: str, *, now: datetime | None = None) -> Exte
     every external message passes.
 
     Raises Unauthorized (401) for an unknown, revoked or expired token, and for one
-    whose session is cancelled or failed (seed 000: the token lives as long as its
+    whose session is cancelled or failed (Gamut X-Agent: the token lives as long as its
     container's session).
     """
     row = s.exec(select(ProxyTokenRow).where(ProxyTokenRow.token_hash == _digest(token))).first()
@@ -353,7 +353,7 @@ async def post_message(
 
 
 def _as_json(name: str, text: str) -> str:
-    """Results are JSON text; the transcript (a status line and messages, seed 000) is
+    """Results are JSON text; the transcript (a status line and messages, Gamut X-Agent) is
     wrapped as ``{"transcript": ...}``."""
     try:
         json.loads(text)

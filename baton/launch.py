@@ -3,7 +3,7 @@
 Used by the API (and, for delegations, by activities). The agent reference is
 resolved to a pin in the DB first and the session row written, then the
 workflow is started with update-with-start so the first message is delivered in
-the first workflow task (DESIGN §4). Workflow and Update are addressed by their
+the first workflow task (docs/architecture.md, a turn). Workflow and Update are addressed by their
 stable Temporal names, so this module does not import workflow code.
 """
 

@@ -1,7 +1,7 @@
 """Schema migrations: Alembic driven from code (``baton db …``, ``baton dev``, start-up checks).
 
 The revisions live in the top-level :mod:`migrations` package (shipped with
-Baton, so this works from any folder). Rules (issue 11, DESIGN §12):
+Baton, so this works from any folder). Rules (issue 11, docs/deployment.md):
 
 - ``baton db upgrade`` (a one-shot job in deployments), ``baton dev`` and
   ``baton demo`` change the schema; nothing else ever does.

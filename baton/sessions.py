@@ -1,6 +1,6 @@
 """Session, transcript and event-log storage, shared by the API and the activities.
 
-Transcripts live here, not in workflow history (claim-check, DESIGN §4).
+Transcripts live here, not in workflow history (claim-check, docs/sessions.md).
 Message ids are chosen by the workflow: :func:`add_message` is idempotent on the
 id, so a retried activity never duplicates a message. Every message is written
 in the same transaction as its ``message`` event.
@@ -477,7 +477,8 @@ def history(session: Session, *, session_id: str) -> list[HistoryItem]:
 
 
 def transcript(session: Session, *, session_id: str) -> Transcript:
-    """Status line and messages, tool I/O summarised (seed 000, get_agent_session_transcript)."""
+    """Status line and messages, tool I/O summarised (Gamut X-Agent,
+    get_agent_session_transcript)."""
     row = get_session(session, session_id=session_id)
     out = []
     for m in messages(session, session_id=session_id):

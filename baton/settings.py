@@ -75,24 +75,25 @@ class Settings(BaseSettings):
         le=7 * 86400,
         allow_inf_nan=False,
         description="Seconds a policy review waits for a decision before it is denied "
-        "(seed 003, 'Review timeout'); read at launch: a running session keeps its value.",
+        "(Gamut X-Agent Policies, 'Review timeout'); read at launch: a running session keeps "
+        "its value.",
     )
     max_delegation_depth: int = Field(
-        default=3, ge=1, description="How many delegation hops a run may nest (seed 002)."
+        default=3, ge=1, description="How many delegation hops a run may nest (AgentX Agent Teams)."
     )
     runtime_depth_ceiling: int = Field(
         default=8,
         ge=1,
-        description="Per-deployment nesting ceiling no agent setting can raise (seed 004, "
-        "'What bounds a tree'); BATON_MAX_DELEGATION_DEPTH may not exceed it.",
+        description="Per-deployment nesting ceiling no agent setting can raise (Xema Agent "
+        "Concepts, 'What bounds a tree'); BATON_MAX_DELEGATION_DEPTH may not exceed it.",
     )
     auth: Literal["off", "on"] = Field(
         default="off", description="'on' requires bearer API tokens and applies agent ACLs."
     )
     allow_adhoc_delegation: bool = Field(
         default=True,
-        description="Offer delegate_to and the roster to ordinary sessions (seed 002); the "
-        "roster itself is opt-in per agent.",
+        description="Offer delegate_to and the roster to ordinary sessions (AgentX Agent "
+        "Teams); the roster itself is opt-in per agent.",
     )
     delegation_timeout: float = Field(
         default=900.0,
@@ -236,7 +237,7 @@ class Settings(BaseSettings):
         default=None,
         pattern=r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$",
         description="Ambassador (an agent of kind ambassador) an inquiry gets when it names "
-        "none (seed 002, 'the default ambassador profile').",
+        "none (AgentX Agent Teams, 'the default ambassador profile').",
     )
     inquiry_max_steps: int = Field(
         default=8, ge=1, le=50, description="Model calls one inquiry may make (its step cap)."
@@ -281,7 +282,7 @@ class Settings(BaseSettings):
         return self
 
     def review_key(self) -> bytes:
-        """The key of review-decision proofs (issue 10, item 5; README "Reviews").
+        """The key of review-decision proofs (issue 10, item 5; docs/xagent.md, "Reviews").
 
         ``BATON_REVIEW_SECRET`` when set; unset with auth off, the public
         :data:`DEV_REVIEW_KEY` (there is no identity to protect: every API caller

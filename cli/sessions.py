@@ -100,7 +100,7 @@ def review_hint(review_id: str) -> str:
     """How to decide a review from the shell, and how long it waits (issue 12, item 7).
 
     The wait is this process's ``BATON_REVIEW_TIMEOUT`` (seconds): the worker that runs
-    the session reads the same setting, after which the review is denied (seed 003).
+    the session reads the same setting, after which the review is denied (Gamut X-Agent Policies).
     """
     from baton.settings import get_settings
 

@@ -131,7 +131,7 @@ def test_handoff_stops_at_awaiting_handoff_with_the_hint(run: Run, stack: Stack)
     assert deliverable_of(result)["title"] == "Q3 report"
     assert f"decide:POST/v1/steps/{sid}/handoff" in squashed(result.stdout)
     assert '"approve"|"revise"|"reject"' in squashed(result.stdout)
-    # The README's next step: revise with feedback (another attempt), then approve.
+    # The docs' next step (docs/steps.md): revise with feedback (another attempt), then approve.
     revise = {"decision": "revise", "feedback": "Mention the new region."}
     assert stack.http.post(f"/v1/steps/{sid}/handoff", json=revise).status_code == 202
 

@@ -1,4 +1,4 @@
-"""Replay checked-in histories against today's workflow code (DESIGN §10, determinism)."""
+"""Replay checked-in histories against today's workflow code (docs/development.md, determinism)."""
 
 from __future__ import annotations
 

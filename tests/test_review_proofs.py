@@ -1,4 +1,4 @@
-"""Proven review decisions and late decisions (issue 10, items 5 and 9; seed 003).
+"""Proven review decisions and late decisions (issue 10, items 5 and 9; Gamut X-Agent Policies).
 
 The API and the worker sign every decision they send (HMAC-SHA256 keyed with
 BATON_REVIEW_SECRET); ``settle_review`` records an unproven one, such as a raw

@@ -1,4 +1,5 @@
-"""The 300 s default review timeout under the time-skipping test server (seed 003, DESIGN §10).
+"""The 300 s default review timeout under the time-skipping test server (Gamut X-Agent
+Policies, docs/development.md).
 
 The Java test server has no Updates: sessions start with their first message in
 ``SessionInput.first_message`` and decisions are Signals. Activities are Baton's

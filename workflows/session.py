@@ -1,4 +1,4 @@
-"""SessionWorkflow: one conversation with one pinned agent revision (DESIGN §4).
+"""SessionWorkflow: one conversation with one pinned agent revision (docs/sessions.md).
 
 Messages arrive by Update ``send_message`` (rejected with ``session_busy``
 while a turn runs). Each model call is the ``model_turn`` activity and each tool
@@ -229,7 +229,7 @@ class SessionWorkflow:
 
     @workflow.signal(name="review_decision")
     def review_decision(self, decision: ReviewDecision) -> None:
-        """A human's decision on an open review (DESIGN §6).
+        """A human's decision on an open review (docs/xagent.md, Reviews).
 
         The first decision for an open review wins; one that arrives after the
         review's outcome (decided or timed out) changes nothing and is kept in
@@ -307,7 +307,7 @@ class SessionWorkflow:
     async def _answer(self, msg: UserMessage) -> TurnOutcome:
         self._turn_task = asyncio.current_task()
         self._busy = True
-        # Seed 000, one-hop: a turn another agent sent (or any turn of an invoked session).
+        # Gamut X-Agent, one-hop: a turn another agent sent (or any turn of an invoked session).
         self._invoked_turn = bool(self._inp.provenance.invoked_by_agent or msg.invoked_by_agent)
         self._turn_user = msg.user or self._inp.provenance.created_by_user
         self._set_status("running")
@@ -407,7 +407,7 @@ class SessionWorkflow:
 
     async def _route(self, agent: ResolvedAgent, turn: int, msg: UserMessage) -> bool:
         """Execute a team route or an @mention: delegate the message straight to that
-        agent, then the session's agent synthesises (DESIGN §7; the reference only
+        agent, then the session's agent synthesises (docs/teams.md; the reference only
         stores routes). Returns whether the turn was routed."""
         sid = self._inp.session_id
         prefix = f"{sid}:t{turn}"
@@ -455,7 +455,8 @@ class SessionWorkflow:
         )
 
     def _offer(self, agent: ResolvedAgent) -> DelegationOffer:
-        """Which delegation tools this session offers (seed 002; seed 004 subagents).
+        """Which delegation tools this session offers (AgentX Agent Teams; Xema Agent Concepts
+        subagents).
 
         A team run's supervisor gets delegate_to over the team's specialists (Solo is
         ignored: a team run is delegation); members never re-delegate; other sessions
@@ -470,7 +471,7 @@ class SessionWorkflow:
             and team is None
             and not prov.team_member
             and not prov.disable_delegation
-            # One hop (seed 000) on every path: an invoked turn is offered no roster.
+            # One hop (Gamut X-Agent) on every path: an invoked turn is offered no roster.
             and not (self._invoked_turn and workflow.patched(PATCH_ONE_DECISION))
         )
         return DelegationOffer(team=team if lead else None, adhoc=adhoc, task=bool(agent.subagents))
@@ -514,14 +515,14 @@ class SessionWorkflow:
         tool = self._tool_message(agent, turn, step, index, call)
         return await run_ordinary_tool(tool, agent.tools, f"turn {turn}", self._inp.config)
 
-    # --- X-Agent tools (seed 000) and policy reviews (seed 003) --------------------
+    # --- X-Agent tools (Gamut X-Agent) and policy reviews (Gamut X-Agent Policies) ----------------
 
     async def _xagent(
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> ToolOutcome:
         """Guards, then ACL + policy (``authorize``), then a review wait, then the operation.
 
-        DESIGN §5: self-invocation and one-hop are refused before any policy;
+        docs/xagent.md: self-invocation and one-hop are refused before any policy;
         refusals go back to the model as tool errors.
         """
         tool = self._tool_message(agent, turn, step, index, call)
@@ -665,7 +666,7 @@ class SessionWorkflow:
         return None if settled.allowed else settled.outcome
 
     # --- External sessions: X-Agent calls of an outside process over MCP (issue 13) ----
-    # An external session's turns are taken outside Baton (DESIGN §11). Each MCP tool call
+    # An external session's turns are taken outside Baton (docs/mcp.md). Each MCP tool call
     # arrives as an Update and runs through `_dispatch`, the very path of a model's tool
     # call (guards → authorize → review → delegate / xagent_tool), under a message id the
     # workflow chooses: durable, audited, in the Temporal UI and in the transcript. These
@@ -682,7 +683,7 @@ class SessionWorkflow:
         """Run one X-Agent tool call of the external process; its result is stored as the
         tool message ``<session>:t<n>:s1:tool0`` (``ok`` false for a refusal).
 
-        The one-hop rule follows the session's provenance (seed 000): an external session
+        The one-hop rule follows the session's provenance (Gamut X-Agent): an external session
         another agent started cannot invoke. Calls may run in parallel, each its own turn
         number. The validator refuses closed and non-external sessions and unknown tools.
         """
@@ -786,7 +787,8 @@ class SessionWorkflow:
     async def _delegation(
         self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
     ) -> ToolOutcome:
-        """``delegate_to`` (seed 002) and ``task`` (seed 004): a delegation, always sync."""
+        """``delegate_to`` (AgentX Agent Teams) and ``task`` (Xema Agent Concepts): a
+        delegation, always sync."""
         tool = self._tool_message(agent, turn, step, index, call)
         try:
             if call.name == "delegate_to":
@@ -800,7 +802,7 @@ class SessionWorkflow:
                 offer = self._offer(agent)
                 member = self._inp.provenance.team_member
                 if not member and workflow.patched(PATCH_ONE_DECISION):
-                    # Seed 000's guards on every path (baton.permissions.decide runs them
+                    # Gamut X-Agent's guards on every path (baton.permissions.decide runs them
                     # again in the `delegate` activity): audited, with the path it came by.
                     guard = cross_agent_guard(
                         via="delegate_to",

@@ -1,5 +1,5 @@
-"""AgentStepWorkflow: one published agent run as a workflow-agent step (issue 6; seed 004,
-'One Agent, two execution experiences'; DESIGN §4).
+"""AgentStepWorkflow: one published agent run as a workflow-agent step (issue 6; Xema Agent
+Concepts, 'One Agent, two execution experiences'; docs/steps.md).
 
 The step is pinned at launch. Each attempt is a model call (with its ordinary tool
 loop) whose final message must validate against the step's JSON Schema; an invalid

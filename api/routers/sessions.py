@@ -223,7 +223,7 @@ async def create_session(
     """
 
     def route() -> tuple[str, TeamSnapshot | None]:
-        # Seed 002, explicit routing: team > target agent > agent > default.
+        # AgentX Agent Teams, explicit routing: team > target agent > agent > default.
         with session_scope(engine) as s:
             if body.team:
                 caller.team_members(s, body.team)  # a hidden team is 404, as a missing one
@@ -352,7 +352,7 @@ async def send_message(
     """Deliver a message by Update; 409 ``session_busy`` while a turn runs.
 
     ``from_draft`` sends the draft of one of the caller's inquiries on this session
-    as the caller's own user turn (seed 002, 'Outbound relay'): 404
+    as the caller's own user turn (AgentX Agent Teams, 'Outbound relay'): 404
     ``inquiry_not_found``, 422 ``no_draft``, 409 ``draft_already_sent``.
 
     External sessions (issue 13) take messages only with their proxy token, stored in
@@ -465,7 +465,7 @@ def get_trace(
     session_id: SessionIdPath, session: SessionDep, caller: CallerDep
 ) -> delegations.TraceNode:
     """The delegation tree under the session: each step's agent, status, tokens, cost and
-    wall-clock, and subtree totals (seed 002, 'Team Run Trace')."""
+    wall-clock, and subtree totals (AgentX Agent Teams, 'Team Run Trace')."""
     row = sessions.get_session(session, session_id=session_id)
     caller.require(session, row.agent_slug, "viewer")
     return delegations.trace(session, session_id=session_id)
