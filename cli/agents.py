@@ -23,9 +23,9 @@ def apply_file(path: Path, settings: Settings | None = None) -> None:
     """Apply the agents file at ``path`` to the database of ``settings`` (default: the
     environment's) and print a slug/version/change table; raises :class:`BatonError`
     for a bad file or a refused change (nothing is applied then)."""
-    from baton.apply import apply_agents, load_apply_file
-    from baton.db import init_db, make_engine, session_scope
+    from baton.agents.apply import apply_agents, load_apply_file
     from baton.settings import get_settings
+    from baton.storage.db import init_db, make_engine, session_scope
 
     settings = settings or get_settings()
     with console.status(f"Applying {path} to {settings.database_url_redacted} …"):
@@ -95,9 +95,9 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Print the resolved JSON.")] = False,
 ) -> None:
     """Print the resolved configuration of an agent revision."""
-    from baton.db import init_db, make_engine, session_scope
-    from baton.registry import resolve_agent
+    from baton.agents.registry import resolve_agent
     from baton.settings import get_settings
+    from baton.storage.db import init_db, make_engine, session_scope
 
     with one_line_errors():
         engine = make_engine(get_settings().database_url)

@@ -110,9 +110,9 @@ def checked(resp: httpx.Response) -> dict[str, object]:
 @contextlib.contextmanager
 def db_session() -> Iterator[Session]:
     """A database session on BATON_DATABASE_URL (an empty database gets the schema, see
-    :func:`baton.db.init_db`); errors become one line and exit 1."""
-    from baton.db import init_db, make_engine, session_scope
+    :func:`baton.storage.db.init_db`); errors become one line and exit 1."""
     from baton.settings import get_settings
+    from baton.storage.db import init_db, make_engine, session_scope
 
     with one_line_errors():
         engine = make_engine(get_settings().database_url)

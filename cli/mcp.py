@@ -21,7 +21,7 @@ def mcp_token(
 ) -> None:
     """Reissue an external session's proxy token: the old one stops working (401) at once.
     Prints the new token (shown once) and the MCP client's Authorization header."""
-    from baton import external
+    from baton.runs import external
 
     with db_session() as s:
         if not external.is_external(s, session_id=session_id):

@@ -42,7 +42,7 @@ def usage(
 @balance_app.command("show")
 def balance_show() -> None:
     """Print the balance (USD, or unlimited)."""
-    from baton import metering
+    from baton.runs import metering
 
     with db_session() as s:
         amount = metering.get_balance(s)
@@ -57,8 +57,8 @@ def balance_set(
     mode too, where ``PUT /v1/balance`` is refused (no API user is an organisation admin)."""
     from pydantic import ValidationError
 
-    from baton import metering
     from baton.errors import InvalidBalance
+    from baton.runs import metering
 
     try:
         body = metering.BalanceUpdate.model_validate(

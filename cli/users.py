@@ -23,7 +23,7 @@ def users_add(
     name: Annotated[str, typer.Option(help="Display name.")] = "",
 ) -> None:
     """Create a user."""
-    from baton import auth
+    from baton.grants import auth
 
     with db_session() as s:
         auth.create_user(s, user_id=user_id, name=name)
@@ -35,8 +35,8 @@ def users_list() -> None:
     """Users and their roles on agents."""
     from sqlmodel import select
 
-    from baton import auth
-    from baton.db import AgentAcl
+    from baton.grants import auth
+    from baton.storage.db import AgentAcl
 
     with db_session() as s:
         table = Table("user", "name", "roles")
@@ -53,7 +53,8 @@ def users_grant(
     role: Annotated[str, typer.Argument(help="viewer | user | owner")],
 ) -> None:
     """Give USER the ROLE on AGENT (viewer < user < owner)."""
-    from baton import auth, registry
+    from baton.agents import registry
+    from baton.grants import auth
 
     if role not in auth.ROLE_RANK:
         raise fail(auth.InvalidUser(f"role must be viewer, user or owner, not {role!r}"))
@@ -69,7 +70,7 @@ def users_revoke(
     agent: Annotated[str, typer.Argument(help="Agent slug.")],
 ) -> None:
     """Remove USER's role on AGENT."""
-    from baton import auth
+    from baton.grants import auth
 
     with db_session() as s:
         removed = auth.revoke(s, agent=agent, user_id=user_id)
@@ -82,7 +83,7 @@ def tokens_issue(
     name: Annotated[str, typer.Option(help="What the token is for.")] = "",
 ) -> None:
     """Issue a bearer token for USER; it is printed once (only its hash is stored)."""
-    from baton import auth
+    from baton.grants import auth
 
     with db_session() as s:
         row, plain = auth.issue_token(s, user_id=user_id, name=name)
@@ -96,7 +97,7 @@ def tokens_list(
     user_id: Annotated[str | None, typer.Option("--user", help="Only this user's.")] = None,
 ) -> None:
     """Tokens (id, user, prefix, revoked); never their value."""
-    from baton import auth
+    from baton.grants import auth
 
     with db_session() as s:
         table = Table("id", "user", "prefix", "name", "revoked", "created")
@@ -110,7 +111,7 @@ def tokens_list(
 @tokens_app.command("revoke")
 def tokens_revoke(token_id: Annotated[int, typer.Argument(help="Token id.")]) -> None:
     """Revoke a token: requests with it get 401 from now on."""
-    from baton import auth
+    from baton.grants import auth
 
     with db_session() as s:
         auth.revoke_token(s, token_id=token_id)
