@@ -33,8 +33,9 @@ from baton.contracts import (
     Provenance,
 )
 
-#: Characters markdown gives a meaning to; :func:`md_text` escapes them.
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&])")
+#: Characters markdown gives a meaning to inside a line; :func:`md_text` escapes them
+#: (``-``, ``+``, ``.`` only mean something at a line's start, where Baton never puts text).
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()<>#!|~&])")
 
 
 def workflow_path(namespace: str, workflow_id: str) -> str:
@@ -115,7 +116,7 @@ def session_details(*, namespace: str, session_id: str, pin: str, provenance: Pr
         lines.append(f"Invoked by `{provenance.invoked_by_agent}`.")
     if provenance.team:
         lines.append(f"**Team**: `{provenance.team}`.")
-    if root != session_id:
+    if root not in (session_id, parent):
         lines.append(f"**Run root**: {md_link(root, page(root))}.")
     children, tree = children_query(session_id), tree_query(root)
     started = md_link("sessions this one started", listed(children))
