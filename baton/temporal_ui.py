@@ -104,6 +104,11 @@ def session_details(*, namespace: str, session_id: str, pin: str, provenance: Pr
     page = functools.partial(workflow_path, namespace)
     listed = functools.partial(workflows_path, namespace)
     lines = [f"Session of `{pin}`, started by {md_text(provenance.created_by_user)}."]
+    if provenance.external:
+        lines[0] = (
+            f"External session of `{pin}`, owned by {md_text(provenance.created_by_user)}: "
+            "its X-Agent calls arrive over MCP."
+        )
     parent = provenance.parent_session_id
     if parent:
         how = provenance.delegation_kind or "invoke"
