@@ -28,7 +28,9 @@ from tests.conftest import migrated
 from tests.test_console import CHROMIUM, CHROMIUM_ARGS, SHOTS
 from worker.stack import DevServer, ServicesThread, free_port
 
-pytestmark = pytest.mark.slow  # each UI page takes seconds to render on a loaded machine
+# Each UI page takes seconds to render on a loaded machine; and the tests share one module
+# stack, so under `make test`'s xdist they stay on one process (one dev server, not two).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("temporal-ui")]
 
 NAMESPACE = "default"
 #: Page loads of the UI (a Svelte app reading the server through its own API) are slow on
