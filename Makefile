@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -580,13 +580,6 @@ def step_search_attributes(inp: StepInput) -> TypedSearchAttributes:
 
 # --- X-Agent tools (seed 000) -------------------------------------------------
 
-XAgentTool = Literal[
-    "list_agents",
-    "create_agent",
-    "invoke_agent",
-    "get_agent_sessions",
-    "get_agent_session_transcript",
-]
 #: Policy-controlled operations (seed 003, 'Operations'); create always reviews.
 Operation = Literal["list", "read", "invoke", "create"]
 OPERATION_OF: dict[str, Operation] = {
@@ -604,7 +597,6 @@ ONE_HOP_VIOLATION = "one_hop_violation"
 BLOCKED_BY_POLICY = "blocked_by_policy"
 #: Every path by which one agent makes another run (the audit log's ``via``).
 Via = Literal["invoke", "delegate_to", "route", "mention", "task"]
-VIAS: tuple[Via, ...] = ("invoke", "delegate_to", "route", "mention", "task")
 
 
 class GuardRefusal(BaseModel):
@@ -629,7 +621,7 @@ def cross_agent_guard(
       was bounded when it was published and the runtime depth ceiling bounds it.
 
     Pure (no I/O): the workflow calls it before scheduling anything and
-    ``baton.permissions.decide`` calls it again for every path that reaches an
+    ``baton.permissions.gate.decide`` calls it again for every path that reaches an
     activity without the workflow (routes, mentions), so no path skips it.
     Returns None when the call may go on to the ACL and the policy.
     """
@@ -773,7 +765,8 @@ class ReviewDecision(BaseModel):
     proof: str | None = Field(
         default=None,
         max_length=128,
-        description="HMAC-SHA256 (hex) the API or the worker adds (baton.reviews.prove); "
+        description="HMAC-SHA256 (hex) the API or the worker adds "
+        "(baton.permissions.reviews.prove); "
         "a decision without a valid one is recorded as 'temporal (unverified)'.",
     )
 
@@ -809,7 +802,10 @@ class SettleInput(BaseModel):
     target: str | None = None
     outcome: ReviewOutcome
     decision: ReviewDecision | None = None
-    timeout_s: float = 300.0
+    timeout_s: float = Field(
+        default=SessionConfig.model_fields["review_timeout_s"].default,
+        description="The review's timeout (the session's review_timeout_s).",
+    )
     auth: bool = Field(
         default=False, description="Auth mode: an unproven decision never saves a policy."
     )
@@ -1035,15 +1031,6 @@ class LateDecision(BaseModel):
 SessionInput.model_rebuild()
 # --- Inquiries (issue 15: the ambassador, seed 002) ---------------------------------------
 
-#: The ambassador's read-only tool belt, plus ``draft_message`` (writes only to the inquiry).
-AMBASSADOR_TOOLS = (
-    "list_conversations",
-    "read_conversation",
-    "explore_conversation",
-    "summarize_conversation",
-    "draft_message",
-)
-
 
 class InquiryInput(BaseModel):
     """``Inquiry`` workflow input: who asks what about which session, set by the API only."""
@@ -1057,7 +1044,7 @@ class InquiryInput(BaseModel):
     default_model: str | None = None
     prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
     max_steps: int = Field(default=8, description="Model calls one inquiry may make.")
-    model_turn_timeout_s: float = 300.0
+    model_turn_timeout_s: float = SessionConfig.model_fields["model_turn_timeout_s"].default
     config: SessionConfig = Field(
         default_factory=SessionConfig,
         description="The engine's activity timeouts and retry budget (as a session's).",

@@ -29,10 +29,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from api.app import create_app
-from baton import roster
+from baton.agents import roster
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import init_db, make_engine
 from baton.settings import Settings
+from baton.storage.db import init_db, make_engine
 from worker.factory import build_worker
 from worker.stack import DEV_SERVER_TUNING, ServicesThread, free_port
 

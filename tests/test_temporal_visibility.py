@@ -24,7 +24,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import delegations, temporal_ui
+from baton import temporal_ui
 from baton.contracts import (
     SA_AGENT,
     SA_KIND,
@@ -39,8 +39,9 @@ from baton.contracts import (
     ToolOutcome,
     TurnOutcome,
 )
-from baton.db import session_scope
+from baton.runs import run_tree
 from baton.settings import Settings
+from baton.storage.db import session_scope
 from tests.helpers import launch, publish
 from tests.test_steps import FIX_ON_FEEDBACK, VALID, finished, run_step, step_row
 from tests.test_teams import make_team, team_run
@@ -54,11 +55,11 @@ async def eventually(read: Callable[[], Awaitable[Any]], want: Any, timeout: flo
         await asyncio.sleep(0.1)
 
 
-async def _tree(env: WorkflowEnvironment, engine: Engine, worker: Worker) -> delegations.TraceNode:
+async def _tree(env: WorkflowEnvironment, engine: Engine, worker: Worker) -> run_tree.TraceNode:
     make_team(engine)
     run = await team_run(env, engine, worker, "go")
     with session_scope(engine) as s:
-        return delegations.trace(s, session_id=run.session_id)
+        return run_tree.trace(s, session_id=run.session_id)
 
 
 async def test_every_session_of_a_run_carries_its_root_and_kind(
@@ -313,8 +314,8 @@ async def test_the_trace_gives_each_nodes_temporal_ui_link(
     tree = await _tree(temporal_env, db_engine, worker)
     settings = Settings(temporal_namespace="default", temporal_ui_url="http://ui:8080")
     with session_scope(db_engine) as s:
-        linked = delegations.trace(s, session_id=tree.session_id, links=settings)
-        member = delegations.trace(s, session_id=tree.children[0].session_id, links=settings)
+        linked = run_tree.trace(s, session_id=tree.session_id, links=settings)
+        member = run_tree.trace(s, session_id=tree.children[0].session_id, links=settings)
     nodes: list[Any] = [linked, *linked.children]
     for node in nodes:
         assert node.workflow_url == f"http://ui:8080/namespaces/default/workflows/{node.session_id}"

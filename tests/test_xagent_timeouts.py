@@ -18,10 +18,11 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import registry, sessions
+from baton.agents import registry
 from baton.contracts import Provenance, SessionInput, UserMessage
-from baton.db import session_scope
+from baton.runs import session_store
 from baton.settings import Settings
+from baton.storage.db import session_scope
 from tests.helpers import TEST_CONFIG, skip_to_timer_offset, status, wait_for
 from tests.xagent_helpers import (
     audit_rows,
@@ -50,7 +51,7 @@ async def start_caller(
     sid = f"session-{uuid.uuid4()}"
     with session_scope(engine) as s:
         version = registry.resolve_ref(s, ref="caller")[1].version
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id=sid,
             agent_slug="caller",
@@ -174,7 +175,7 @@ async def test_a_decision_before_the_default_timeout_wins(
 def sessions_messages(engine: Engine, session_id: str) -> list[str]:
     """Texts of the stored messages of a session, in order."""
     with session_scope(engine) as s:
-        return [m.text for m in sessions.messages(s, session_id=session_id)]
+        return [m.text for m in session_store.messages(s, session_id=session_id)]
 
 
 async def wait_for_query(handle: WorkflowHandle[Any, Any], query: str) -> None:

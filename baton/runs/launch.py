@@ -27,7 +27,8 @@ from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
-from baton import registry, sessions, temporal_ui
+from baton import temporal_ui
+from baton.agents import registry
 from baton.contracts import (
     CLOSED_STATUSES,
     INVALID_PROMPT,
@@ -45,7 +46,6 @@ from baton.contracts import (
     initial_search_attributes,
     step_search_attributes,
 )
-from baton.db import SessionRow, StepRow, session_scope
 from baton.errors import (
     BatonError,
     EngineUnavailable,
@@ -56,6 +56,8 @@ from baton.errors import (
     TurnCancelled,
     TurnFailed,
 )
+from baton.runs import session_store
+from baton.storage.db import SessionRow, StepRow, session_scope
 
 WORKFLOW = "Session"
 UPDATE = "send_message"
@@ -77,7 +79,7 @@ class Launched:
 
 def _name(prompt: str) -> str:
     line = prompt.strip().splitlines()[0] if prompt.strip() else ""
-    return sessions.summarise(line, 80)
+    return session_store.summarise(line, 80)
 
 
 def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
@@ -112,7 +114,7 @@ async def reply_text(engine: Engine, outcome: TurnOutcome | None) -> str | None:
 def final_text(engine: Engine, message_id: str) -> str:
     """Full text of a stored message (claim-check: history holds only its id)."""
     with session_scope(engine) as s:
-        row = sessions.get_message(s, message_id=message_id)
+        row = session_store.get_message(s, message_id=message_id)
         return row.text if row else ""
 
 
@@ -155,7 +157,7 @@ async def launch_session(
             if existing is not None:
                 return existing.agent_slug, existing.agent_version
             if agent is not None:
-                row = sessions.create_session(
+                row = session_store.create_session(
                     s,
                     session_id=session_id,
                     agent_slug=agent.slug,
@@ -167,7 +169,7 @@ async def launch_session(
                 s.add(row)
                 return agent.slug, agent.version
             found, rev = registry.resolve_ref(s, ref=ref)
-            sessions.create_session(
+            session_store.create_session(
                 s,
                 session_id=session_id,
                 agent_slug=found.slug,
@@ -253,7 +255,7 @@ def _setup_hint(exc: RPCError) -> str:
 def session_status(engine: Engine, session_id: str) -> str:
     """The stored status of ``session_id``. Raises SessionNotFound."""
     with session_scope(engine) as s:
-        return sessions.get_session(s, session_id=session_id).status
+        return session_store.get_session(s, session_id=session_id).status
 
 
 async def _running(client: Client, session_id: str) -> bool | None:
@@ -297,17 +299,17 @@ async def send_message(
         # Mark the session running before the Update so that an SSE client following
         # `until=idle` right after this call never sees the previous turn's idle state.
         with session_scope(engine) as s:
-            row = sessions.get_session(s, session_id=session_id)
+            row = session_store.get_session(s, session_id=session_id)
             if row.status in CLOSED_STATUSES:
                 raise SessionClosed(f"session '{session_id}' is {row.status}")
             if row.status != "idle":
                 return False
-            sessions.set_status(s, session_id=session_id, status="running")
+            session_store.set_status(s, session_id=session_id, status="running")
             return True
 
     def restore_idle() -> None:
         with session_scope(engine) as s:
-            sessions.set_status(s, session_id=session_id, status="idle")
+            session_store.set_status(s, session_id=session_id, status="idle")
 
     # A sync caller waits for the reply itself: no SSE race to close, so skip the write.
     # An idempotent (delegation) send may be a retry of an Update that already finished:
@@ -411,7 +413,7 @@ async def launch_step(
                 )
             )
             # The step's transcript lives in a session row of the same id (claim-check).
-            sessions.create_session(
+            session_store.create_session(
                 s,
                 session_id=inp.step_id,
                 agent_slug=found.slug,
