@@ -16,7 +16,6 @@ import asyncio
 import functools
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +43,7 @@ from baton.contracts import (
     ToolCall,
     ToolMessage,
     ToolOutcome,
+    delegated_session_id,
 )
 from baton.errors import BatonError, EngineUnavailable, TurnCancelled
 from baton.permissions import gate
@@ -52,8 +52,6 @@ from baton.storage.db import DelegationRow, SessionRow, session_scope
 
 #: Longest inline reply a delegation returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
-#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
-DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
 
 
 class Refused(Exception):
@@ -194,7 +192,7 @@ class DelegationActivities:
                     raise SessionNotContinuable(f"session '{row.id}' is {row.status}")
                 child_id = inp.session_id
             else:
-                child_id = f"session-{uuid.uuid5(DELEGATION_NS, inp.delegation_id)}"
+                child_id = delegated_session_id(inp.delegation_id)
             existing = s.get(DelegationRow, inp.delegation_id)
             agent: ResolvedAgent | None = None
             ref = inp.target

@@ -13,7 +13,6 @@ import asyncio
 import json
 import re
 import time
-import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -50,8 +49,6 @@ from baton.storage.db import Agent, AgentLivePointer, ReviewRow, SessionRow, ses
 
 #: Longest inline reply an invoke returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
-#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
-DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
 TRANSCRIPT_POLL_S = 0.25
 #: Longest a sync transcript read waits for a running turn (inside the 60 s tool timeout).
 TRANSCRIPT_WAIT_S = 45.0

@@ -6,6 +6,7 @@ defaults so histories recorded by older code still decode.
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -447,14 +448,20 @@ class ModelTurnInput(BaseModel):
     )
 
 
-class ModelTurnResult(BaseModel):
-    """What the workflow needs from a model call: ids, a preview, tool calls, usage."""
+# Issue 12, item 3: results that the Temporal UI shows (activity results, Update results)
+# put their readable preview first and ids last, so the event history reads like the run.
+# Fields are encoded in declaration order; decoding is by name, so histories recorded with
+# the old order decode unchanged (replayed in tests/test_replay.py).
 
-    message_id: str
+
+class ModelTurnResult(BaseModel):
+    """What the workflow needs from a model call: a preview, tool calls, usage, the id."""
+
     preview: str = ""
     preview_is_full: bool = Field(default=False, description="The preview is the whole text.")
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    message_id: str
 
 
 class ToolInput(BaseModel):
@@ -469,11 +476,11 @@ class ToolInput(BaseModel):
 
 
 class ToolOutcome(BaseModel):
-    """A tool result as the workflow sees it (the full output is in the DB)."""
+    """A tool result as the workflow sees it: preview first (the full output is in the DB)."""
 
-    message_id: str
-    ok: bool
     preview: str = ""
+    ok: bool
+    message_id: str
 
 
 class TurnFailure(BaseModel):
@@ -497,12 +504,13 @@ class StatusChange(BaseModel):
 
 
 class TurnOutcome(BaseModel):
-    """``send_message`` result: the final assistant message (full text is in the DB)."""
+    """``send_message`` result: the final assistant message, preview first (full text is in
+    the DB)."""
 
-    message_id: str
     preview: str = ""
     preview_is_full: bool = False
     usage: Usage = Field(default_factory=Usage)
+    message_id: str
 
 
 #: Keyword search attributes (docs/operations.md, The Temporal UI); registered by the stack.
@@ -513,18 +521,46 @@ SA_STATUS = SearchAttributeKey.for_keyword("BatonStatus")
 SA_USER = SearchAttributeKey.for_keyword("BatonUser")
 SA_PARENT = SearchAttributeKey.for_keyword("BatonParentSession")
 SA_TEAM = SearchAttributeKey.for_keyword("BatonTeam")
-SEARCH_ATTRIBUTES = (SA_AGENT, SA_VERSION, SA_INVOKED_BY, SA_STATUS, SA_USER, SA_PARENT, SA_TEAM)
+#: Issue 12, item 1: the root session of the run tree (a root session's own id; a step's
+#: own id), on every session and step, so ``BatonRoot = "session-…"`` lists a whole run.
+SA_ROOT = SearchAttributeKey.for_keyword("BatonRoot")
+#: Issue 12, item 4: ``session`` | ``step``.
+SA_KIND = SearchAttributeKey.for_keyword("BatonKind")
+SEARCH_ATTRIBUTES = (
+    SA_AGENT,
+    SA_VERSION,
+    SA_INVOKED_BY,
+    SA_STATUS,
+    SA_USER,
+    SA_PARENT,
+    SA_TEAM,
+    SA_ROOT,
+    SA_KIND,
+)
+WorkflowKind = Literal["session", "step"]
+
+
+def _pinned_attributes(
+    kind: WorkflowKind, pin: str, user: str, root: str
+) -> list[SearchAttributePair[str]]:
+    slug, _, version = pin.partition("@")
+    return [
+        SearchAttributePair(SA_KIND, kind),
+        SearchAttributePair(SA_AGENT, slug),
+        SearchAttributePair(SA_VERSION, version),
+        SearchAttributePair(SA_USER, user),
+        SearchAttributePair(SA_STATUS, "running"),
+        SearchAttributePair(SA_ROOT, root),
+    ]
 
 
 def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
-    """The search attributes a session starts with (set by whoever starts it)."""
-    slug, _, version = inp.agent_pin.partition("@")
-    pairs: list[SearchAttributePair[str]] = [
-        SearchAttributePair(SA_AGENT, slug),
-        SearchAttributePair(SA_VERSION, version),
-        SearchAttributePair(SA_USER, inp.provenance.created_by_user),
-        SearchAttributePair(SA_STATUS, "running"),
-    ]
+    """The search attributes a session starts with (set by whoever starts it): BatonKind
+    ``session``, agent, version, user, status ``running``, BatonRoot (the run's root
+    session, this one's id for a root), and when set BatonInvokedBy, BatonParentSession,
+    BatonTeam."""
+    root = inp.provenance.root_session_id or inp.session_id
+    pairs = _pinned_attributes("session", inp.agent_pin, inp.provenance.created_by_user, root)
     for key, value in (
         (SA_INVOKED_BY, inp.provenance.invoked_by_agent),
         (SA_PARENT, inp.provenance.parent_session_id),
@@ -533,6 +569,14 @@ def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
         if value:
             pairs.append(SearchAttributePair(key, value))
     return TypedSearchAttributes(pairs)
+
+
+def step_search_attributes(inp: StepInput) -> TypedSearchAttributes:
+    """The search attributes a step starts with (issue 12, item 4): BatonKind ``step``,
+    agent, version (``inp.agent_pin`` must be a pin), user, status ``running`` and
+    BatonRoot (the step's own id: a step is a tree of its own). The step workflow keeps
+    BatonStatus up to date (running | awaiting_handoff | completed | failed | rejected)."""
+    return TypedSearchAttributes(_pinned_attributes("step", inp.agent_pin, inp.user, inp.step_id))
 
 
 # --- X-Agent tools (Gamut X-Agent) -------------------------------------------------
@@ -824,6 +868,17 @@ class DelegateInput(BaseModel):
 
 # --- Delegation (AgentX Agent Teams delegate_to, Xema Agent Concepts subagent task) ---------------
 
+#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
+DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
+
+
+def delegated_session_id(delegation_id: str) -> str:
+    """The id of the session a delegation starts (``session-<uuid5>``): derived from the
+    delegation id, so a retried ``delegate`` attaches to what its first attempt started,
+    and the caller's workflow can name the child in its activity summary. Pure."""
+    return f"session-{uuid.uuid5(DELEGATION_NS, delegation_id)}"
+
+
 DELEGATION_TOOLS = ("delegate_to", "task")
 LIMIT_EXCEEDED = "limit_exceeded"
 BALANCE_EXHAUSTED = "balance_exhausted"
@@ -875,6 +930,14 @@ class RouteDecision(BaseModel):
 StepStatus = Literal["running", "awaiting_handoff", "completed", "failed", "rejected"]
 STEP_CLOSED = ("completed", "failed", "rejected")
 INVALID_DELIVERABLE = "invalid_deliverable"
+#: Issue 12, item 4: the ApplicationError type a step's workflow fails with when the step
+#: ends ``failed`` or ``rejected`` (so the Temporal UI lists it under ExecutionStatus =
+#: "Failed"); the step row keeps the status and error the API reports.
+HANDOFF_TIMEOUT = "handoff_timeout"
+STEP_TIMEOUT = "step_timeout"
+STEP_REJECTED = "step_rejected"
+TOO_MANY_ATTEMPTS = "too_many_attempts"
+ATTEMPT_FAILED = "attempt_failed"
 
 
 class StepRetry(BaseModel):

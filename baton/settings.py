@@ -12,10 +12,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
+from temporalio.envconfig import ClientConfigProfile
 
+from baton import temporal_ui
 from baton.contracts import SessionConfig
 from baton.errors import InvalidSettings
 
@@ -56,6 +58,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="BATON_", env_file=".env", extra="ignore", validate_default=True
     )
+    _ui_namespace: str | None = PrivateAttr(default=None)
 
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
@@ -338,10 +341,40 @@ class Settings(BaseSettings):
             max_output_tokens=self.max_output_tokens,
         )
 
+    def resolve_namespace(self, profile_namespace: str | None) -> str:
+        """The namespace Baton works in: an explicitly set ``BATON_TEMPORAL_NAMESPACE``,
+        else the Temporal profile's (``profile_namespace``: TEMPORAL_NAMESPACE or the
+        profile file), else ``default`` (the one rule: ``worker.factory`` connects with it)."""
+        if "temporal_namespace" in self.model_fields_set or not profile_namespace:
+            return self.temporal_namespace
+        return profile_namespace
+
+    @property
+    def ui_namespace(self) -> str:
+        """:meth:`resolve_namespace` with the profile read as the clients read it (once per
+        Settings). A profile that cannot be read leaves links on BATON_TEMPORAL_NAMESPACE
+        (connecting reports the error, not a link)."""
+        if self._ui_namespace is None:
+            profile: str | None = None
+            if self.temporal_env_config:
+                try:
+                    profile = ClientConfigProfile.load().namespace
+                except (OSError, RuntimeError, ValueError):
+                    profile = None
+            self._ui_namespace = self.resolve_namespace(profile)
+        return self._ui_namespace
+
     def workflow_url(self, workflow_id: str) -> str:
-        """Temporal Web UI link to ``workflow_id``."""
-        base = self.temporal_ui_url.rstrip("/")
-        return f"{base}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
+        """Temporal Web UI link to ``workflow_id`` (its latest run) in Baton's namespace,
+        under ``BATON_TEMPORAL_UI_URL``."""
+        path = temporal_ui.workflow_path(self.ui_namespace, workflow_id)
+        return temporal_ui.absolute(self.temporal_ui_url, path)
+
+    def workflows_url(self, query: str) -> str:
+        """Temporal Web UI link to the workflow list filtered by visibility ``query``
+        (``BatonRoot = "session-…"``) in Baton's namespace (issue 12, item 1)."""
+        path = temporal_ui.workflows_path(self.ui_namespace, query)
+        return temporal_ui.absolute(self.temporal_ui_url, path)
 
     @property
     def database_url_redacted(self) -> str:

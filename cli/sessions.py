@@ -169,8 +169,9 @@ def _usage_line(u: dict[str, object]) -> str:
 
 def render_trace(node: dict[str, object]) -> Tree:
     """The delegation tree (``GET /v1/sessions/{id}/trace``) as a Rich tree: per node the
-    agent, the session's id and status, the delegation's kind and status, usage and the
-    delegation's wall-clock time (issue 12, item 7)."""
+    agent, the session's id and status, the delegation's kind and status, usage, the
+    delegation's wall-clock time (issue 12, item 7) and the node's Temporal UI link; the
+    run tree's UI list under the root (issue 12, item 1)."""
 
     def label(n: dict[str, object]) -> str:
         d = n.get("delegation") or {}
@@ -189,6 +190,8 @@ def render_trace(node: dict[str, object]) -> Tree:
             text += f"\n[dim]{escape(str(d['task']))[:120]}[/]"
         if d.get("error"):
             text += f"\n[red]{escape(str(d['error']))[:160]}[/]"
+        if n.get("workflow_url"):  # issue 12, item 1: the node's Temporal UI page
+            text += f"\n[dim]Temporal UI: {escape(str(n['workflow_url']))}[/]"
         return text
 
     def grow(tree: Tree, n: dict[str, object]) -> None:
@@ -197,7 +200,10 @@ def render_trace(node: dict[str, object]) -> Tree:
 
     total = node["subtree_usage"]
     assert isinstance(total, dict)
-    tree = Tree(f"{label(node)}\n[green]run total: {_usage_line(total)}[/]")
+    head = f"{label(node)}\n[green]run total: {_usage_line(total)}[/]"
+    if node.get("run_tree_url"):
+        head += f"\n[dim]run tree in the Temporal UI: {escape(str(node['run_tree_url']))}[/]"
+    tree = Tree(head)
     grow(tree, node)
     return tree
 

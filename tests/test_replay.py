@@ -34,6 +34,12 @@ def test_histories_are_checked_in() -> None:
     assert "delegation-names-prepatch-v4" in names
     # AgentStepWorkflow: a schema retry and a revise-then-approve handoff.
     assert {"step-schema-retry-v6", "step-handoff-v6"} <= names
+    # Steps that end failed or rejected, before the patches (v6: the workflow completed
+    # with the status) and after (v7: BatonStatus upserts, the workflow fails with the
+    # step's code; completed steps too, with their upserts).
+    ends = ("step-invalid", "step-rejected", "step-handoff-timeout", "step-timeout")
+    assert {f"{kind}-{tag}" for kind in ends for tag in ("v6", "v7")} <= names
+    assert {"step-schema-retry-v7", "step-handoff-v7"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -82,6 +82,7 @@ with workflow.unsafe.imports_passed_through():
         Via,
         XAgentCall,
         cross_agent_guard,
+        delegated_session_id,
         position,
     )
     from workflows.options import (
@@ -855,11 +856,15 @@ class SessionWorkflow:
     ) -> ToolOutcome:
         cfg = self._inp.config
         assert self._agent is not None
+        delegation_id = f"{tool.message_id}:delegation"
+        # Issue 12, item 1: the summary names the child's workflow id, so the caller's
+        # timeline shows where each delegation went (user metadata, not a command).
+        child = session_id or delegated_session_id(delegation_id)
         return await workflow.execute_activity_method(
             DelegationActivities.delegate,
             DelegateInput(
                 tool=tool,
-                delegation_id=f"{tool.message_id}:delegation",
+                delegation_id=delegation_id,
                 caller_session_id=self._inp.session_id,
                 user=self._turn_user,
                 target=target,
@@ -882,7 +887,9 @@ class SessionWorkflow:
             schedule_to_close_timeout=timedelta(seconds=cfg.delegation_timeout_s),
             heartbeat_timeout=heartbeat_timeout(cfg),
             retry_policy=DELEGATE_RETRY,
-            summary=f"{kind} → {alias or target}" + (" (sync)" if sync else "") + f" · turn {turn}",
+            summary=f"{kind} → {alias or target}"
+            + (" (sync)" if sync else "")
+            + f" · turn {turn} · {child}",
         )
 
     async def _refuse(

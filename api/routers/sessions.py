@@ -463,13 +463,14 @@ def get_transcript(
     "/{session_id}/trace", responses=problem_responses(403, 404, 422), summary="Delegation trace"
 )
 def get_trace(
-    session_id: SessionIdPath, session: SessionDep, caller: CallerDep
+    session_id: SessionIdPath, session: SessionDep, settings: SettingsDep, caller: CallerDep
 ) -> run_tree.TraceNode:
     """The delegation tree under the session: each step's agent, status, tokens, cost and
-    wall-clock, and subtree totals (AgentX Agent Teams, 'Team Run Trace')."""
+    wall-clock, and subtree totals (AgentX Agent Teams, 'Team Run Trace'); each node's Temporal UI
+    link (``workflow_url``) and, on the root, the run tree's list (``run_tree_url``)."""
     row = session_store.get_session(session, session_id=session_id)
     caller.require(session, row.agent_slug, "viewer")
-    return run_tree.trace(session, session_id=session_id)
+    return run_tree.trace(session, session_id=session_id, links=settings)
 
 
 @router.get(

@@ -274,8 +274,10 @@ def trace_page(request: Request, session_id: str, caller: UiCaller) -> HTMLRespo
     'Team Run Trace')."""
     with session_scope(request.app.state.engine) as s:
         inquiries.readable_session(s, session_id=session_id, user=caller.user, auth_on=caller.auth)
-        tree = run_tree.trace(s, session_id=session_id).model_dump(mode="json")
-    return _page(request, "trace.html", caller, tree=tree, session_id=session_id)
+        tree = run_tree.trace(s, session_id=session_id, links=_settings(request))
+    return _page(
+        request, "trace.html", caller, tree=tree.model_dump(mode="json"), session_id=session_id
+    )
 
 
 def install(app: FastAPI) -> None:

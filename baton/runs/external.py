@@ -31,6 +31,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateS
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from baton import temporal_ui
 from baton.agents import registry
 from baton.contracts import (
     CLOSED_STATUSES,
@@ -229,8 +230,9 @@ async def open_external_session(
             task_queue=task_queue,
             search_attributes=initial_search_attributes(inp),
             static_summary=f"{pin} · external",
-            static_details=f"External session with {pin}, owned by {prov.created_by_user}: "
-            "its X-Agent calls arrive over MCP",
+            static_details=temporal_ui.session_details(
+                namespace=client.namespace, session_id=session_id, pin=pin, provenance=prov
+            ),
         )
     except RPCError as exc:
 

@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from baton import temporal_ui
 from baton.agents import registry
 from baton.contracts import (
     CLOSED_STATUSES,
@@ -43,6 +44,7 @@ from baton.contracts import (
     TurnOutcome,
     UserMessage,
     initial_search_attributes,
+    step_search_attributes,
 )
 from baton.errors import (
     BatonError,
@@ -199,8 +201,10 @@ async def launch_session(
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         search_attributes=initial_search_attributes(inp),
         static_summary=f"{pin} · {name or _name(prompt)}",
-        static_details=f"Session with {pin}, started by {provenance.created_by_user}"
-        + (f", invoked by {provenance.invoked_by_agent}" if provenance.invoked_by_agent else ""),
+        # Issue 12, item 1: links to the parent, the root and the run tree (markdown).
+        static_details=temporal_ui.session_details(
+            namespace=client.namespace, session_id=session_id, pin=pin, provenance=provenance
+        ),
     )
     try:
         handle = await client.start_update_with_start_workflow(
@@ -233,16 +237,19 @@ async def launch_session(
             raise TurnFailed(f"the session ended: {exc.message}", session_id=session_id) from exc
         if not idempotent:  # an idempotent launch keeps its row for the retry
             await asyncio.to_thread(_forget, engine, session_id)
-        hint = (
-            " (run `baton setup` to register search attributes)"
-            if "search attribute" in (exc.message or "")
-            else ""
-        )
         raise EngineUnavailable(
-            f"Temporal refused to start the session: {exc.message}{hint}"
+            f"Temporal refused to start the session: {exc.message}{_setup_hint(exc)}"
         ) from exc
     response = await reply_text(engine, outcome)
     return Launched(session_id, slug, version, outcome, response)
+
+
+def _setup_hint(exc: RPCError) -> str:
+    """What to do when Temporal refuses a start for an unregistered search attribute (a
+    namespace set up by an older Baton lacks BatonRoot and BatonKind)."""
+    if "search attribute" in (exc.message or ""):
+        return " (run `baton setup` to register search attributes)"
+    return ""
 
 
 def session_status(engine: Engine, session_id: str) -> str:
@@ -424,7 +431,15 @@ async def launch_step(
             pinned,
             id=inp.step_id,
             task_queue=task_queue,
+            search_attributes=step_search_attributes(pinned),
             static_summary=f"step {slug}@{version} · {_name(inp.input)}",
+            static_details=temporal_ui.step_details(
+                namespace=client.namespace,
+                step_id=inp.step_id,
+                pin=pinned.agent_pin,
+                user=inp.user,
+                handoff=inp.handoff,
+            ),
         )
     except RPCError as exc:
 
@@ -436,5 +451,7 @@ async def launch_step(
                         s.delete(row)
 
         await asyncio.to_thread(forget)
-        raise EngineUnavailable(f"Temporal refused to start the step: {exc.message}") from exc
+        raise EngineUnavailable(
+            f"Temporal refused to start the step: {exc.message}{_setup_hint(exc)}"
+        ) from exc
     return slug, version
