@@ -89,6 +89,7 @@ from baton.permissions import reviews
 from baton.providers.models import SCRIPTED, build_model, model_name
 from baton.runs import metering, run_tree, session_store
 from baton.runs.session_store import HistoryItem
+from baton.settings import DEFAULT_CONTEXT_MESSAGES
 from baton.storage.db import MessageRow, session_scope
 
 AGENT_CACHE_SIZE = 4096
@@ -303,8 +304,16 @@ def _classify(exc: Exception) -> Exception:
 class SessionActivities:
     """Activities of SessionWorkflow, built with the DB engine by the worker factory."""
 
-    def __init__(self, engine: Engine, *, db_threads: int = 16) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        db_threads: int = 16,
+        context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
+    ) -> None:
         self._engine = engine
+        #: The context window: newest messages a model call reads (None: all; issue 14).
+        self._context_messages = context_messages
         # DB work of async activities gets its own pool: asyncio's default one is tiny
         # (cores + 4) and shared, so concurrent turns queued behind each other.
         self._db = ThreadPoolExecutor(max_workers=db_threads, thread_name_prefix="baton-db")
@@ -397,13 +406,10 @@ class SessionActivities:
             entries = (
                 roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []
             )
-            return (
-                None,
-                agent,
-                session_store.history(s, session_id=inp.session_id),
-                entries,
-                balance,
+            history = session_store.history(
+                s, session_id=inp.session_id, last=self._context_messages
             )
+            return None, agent, history, entries, balance
 
     def _reserve(self, inp: ModelTurnInput, input_estimate: int) -> int:
         """Admit the call under the run's token_budget and reserve for it; its max_tokens."""

@@ -36,6 +36,7 @@ from baton.errors import EngineUnavailable
 from baton.settings import Settings, get_settings
 from baton.storage.db import make_engine
 from baton.storage.migrate import require_current
+from baton.storage.notify import EventNotifier
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -126,10 +127,13 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
         app.state.engine = engine
         app.state.temporal = temporal
         app.state.temporal_lock = asyncio.Lock()
+        # Issue 14: SSE followers wait on this, not on a poll loop each.
+        app.state.notifier = EventNotifier(engine)
         try:
             async with mcp.running():  # issue 13: the `agents` MCP server's sessions
                 yield
         finally:
+            await app.state.notifier.close()
             engine.dispose()
 
     mcp = MountedMCP()

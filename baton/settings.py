@@ -39,6 +39,11 @@ def _package_version() -> str:
         return "0+unknown"
 
 
+#: BATON_CONTEXT_MESSAGES' default: ~50 turns with tool calls, a few tens of thousands of
+#: tokens of ordinary chat, well inside current models' windows (issue 14).
+DEFAULT_CONTEXT_MESSAGES = 200
+
+
 def _session_default(field: str) -> Any:
     """The default of a setting a session runs with is the :class:`SessionConfig` field's own,
     so each number is written once (in baton.contracts), for settings and workflows alike."""
@@ -242,6 +247,15 @@ class Settings(BaseSettings):
         le=10_000_000,
         description="Under a token_budget: the most output tokens one model call reserves "
         "(its max_tokens, also capped to what the budget has left).",
+    )
+    # Issue 14: a turn on a long session reads a bounded window, never the whole transcript.
+    context_messages: int = Field(
+        default=DEFAULT_CONTEXT_MESSAGES,
+        ge=0,
+        le=1_000_000,
+        description="The context window of a model call: the newest this-many messages of "
+        "the session (trimmed to start at a user message), after the agent's system prompt, "
+        "which is always sent. 0 = the whole transcript.",
     )
     # --- issue 15: the ambassador ---
     default_ambassador: str | None = Field(

@@ -8,6 +8,8 @@ the OpenAI SDK, httpx) runs unchanged. Its behaviour is scripted:
 * any other request gets a ``calculator`` tool call with arguments
   ``{"expression": "2 + 2"}`` (or the ``tool`` it was built with), the arguments JSON
   split across several deltas;
+* with ``reply`` set, every request gets that text at once (an instant model: the
+  benchmarks' model, bench/peer.py);
 * ``failures`` holds HTTP statuses answered (with an OpenAI-style error body)
   before the stub behaves, one per request.
 
@@ -87,8 +89,11 @@ class OpenAIStub:
         failures: Iterable[int] = (),
         model: str = "stub-model",
         tool: tuple[str, str] = (TOOL_NAME, TOOL_ARGUMENTS),
+        reply: str | None = None,
     ) -> None:
         self.model = model
+        #: When set, the text every request is answered with (never a tool call).
+        self.reply = reply
         #: The tool call (name, JSON arguments) it answers a request with.
         self.tool = tool
         self.failures: deque[int] = deque(failures)
@@ -113,9 +118,12 @@ class OpenAIStub:
         completion_id = f"chatcmpl-stub{number:04d}"
         messages: list[dict[str, Any]] = body.get("messages") or []
         last = messages[-1] if messages else {}
-        if last.get("role") == "tool":
-            reply: str | None = f"The result is {_text_of(last.get('content'))}."
+        if self.reply is not None:
+            reply: str | None = self.reply
             call: dict[str, Any] | None = None
+        elif last.get("role") == "tool":
+            reply = f"The result is {_text_of(last.get('content'))}."
+            call = None
         else:
             reply = None
             name, arguments = self.tool

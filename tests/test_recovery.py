@@ -61,8 +61,9 @@ def test_recovery_timeouts_are_settings_carried_to_sessions() -> None:
 async def test_activities_are_scheduled_with_the_sessions_timeouts(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
-    """A tool call (run_tool) is scheduled with a heartbeat timeout, DB-only activities with
-    the store timeout, model calls with the attempt budget: all from the session's config."""
+    """A tool call (run_tool) is scheduled with a heartbeat timeout, model calls with the
+    attempt budget, all from the session's config; load_agent runs as a local activity (a
+    marker, no scheduled task: issue 14)."""
     publish(
         db_engine,
         "calc",
@@ -83,14 +84,17 @@ async def test_activities_are_scheduled_with_the_sessions_timeouts(
     done = await launch(temporal_env.client, db_engine, worker, "calc", "add", config=config)
     history = await temporal_env.client.get_workflow_handle(done.session_id).fetch_history()
     scheduled: dict[str, Any] = {}
+    markers: list[str] = []
     for e in history.events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = e.activity_task_scheduled_event_attributes
             scheduled.setdefault(attrs.activity_type.name, attrs)
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            markers.append(e.marker_recorded_event_attributes.marker_name)
     tool = scheduled["run_tool"]
     assert tool.heartbeat_timeout.ToTimedelta() == timedelta(seconds=4)
     assert tool.start_to_close_timeout.ToTimedelta() == timedelta(seconds=9)
-    assert scheduled["load_agent"].start_to_close_timeout.ToTimedelta() == timedelta(seconds=7)
+    assert "load_agent" not in scheduled and "core_local_activity" in markers
     model = scheduled["model_turn"]
     assert model.heartbeat_timeout.ToTimedelta() == timedelta(seconds=4)
     assert model.retry_policy.maximum_attempts == 13

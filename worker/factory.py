@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.abc
+import importlib.machinery
+import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from types import CodeType
+from typing import Any, ClassVar
 
 from sqlalchemy.engine import Engine
 from temporalio.api.enums.v1 import IndexedValueType
@@ -35,7 +40,7 @@ from activities.xagent import XAgentActivities
 from baton import telemetry
 from baton.contracts import SEARCH_ATTRIBUTES
 from baton.errors import EngineUnavailable, InvalidSettings
-from baton.settings import DEV_REVIEW_KEY, Settings
+from baton.settings import DEFAULT_CONTEXT_MESSAGES, DEV_REVIEW_KEY, Settings
 from workflows.inquiry import InquiryWorkflow
 from workflows.session import SessionWorkflow
 from workflows.step import AgentStepWorkflow
@@ -55,12 +60,65 @@ PASSTHROUGH = (
 WORKFLOWS = [SessionWorkflow, AgentStepWorkflow, InquiryWorkflow]
 
 
+class _CompiledOnceLoader(importlib.machinery.SourceFileLoader):
+    """A source loader that compiles each file once per process (per modification time)."""
+
+    codes: ClassVar[dict[tuple[str, int], CodeType]] = {}
+
+    def get_code(self, fullname: str) -> CodeType:
+        path = self.get_filename(fullname)
+        key = (path, os.stat(path).st_mtime_ns)
+        code = self.codes.get(key)
+        if code is None:
+            code = super().get_code(fullname)
+            assert code is not None  # a source file always compiles to code (or raises)
+            self.codes[key] = code
+        return code
+
+
+class WorkflowCodeCache(importlib.abc.MetaPathFinder):
+    """Compile the sandbox's re-imported modules once, when Python writes no bytecode.
+
+    The workflow sandbox imports a workflow's module afresh for every new run (its module
+    state must not leak between runs). Without ``.pyc`` files (``PYTHONDONTWRITEBYTECODE``,
+    an editable install) that import compiles the source each time: ~15 ms of CPU for
+    ``workflows/session.py``, 70 % of a new session's sandbox set-up (bench/README.md,
+    issue 14). Code objects are immutable, so sharing one across runs is what loading a
+    ``.pyc`` does; each run still executes it in a fresh module.
+    """
+
+    def __init__(self, packages: Sequence[str]) -> None:
+        self.packages = frozenset(packages)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] not in self.packages:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
+            spec.loader = _CompiledOnceLoader(fullname, str(spec.origin))
+        return spec
+
+
+def install_workflow_code_cache() -> None:
+    """Put a :class:`WorkflowCodeCache` for ``workflows`` first on ``sys.meta_path``, once,
+    when Python writes no bytecode (with ``.pyc`` files the import system caches already)."""
+    if sys.dont_write_bytecode and not any(isinstance(f, WorkflowCodeCache) for f in sys.meta_path):
+        sys.meta_path.insert(0, WorkflowCodeCache(["workflows"]))
+
+
 def activities_for(
-    engine: Engine, client: Client, *, review_key: bytes = DEV_REVIEW_KEY
+    engine: Engine,
+    client: Client,
+    *,
+    review_key: bytes = DEV_REVIEW_KEY,
+    context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
 ) -> list[Callable[..., Any]]:
     """The activity callables bound to ``engine`` (and ``client``, for delegations);
-    ``review_key`` (Settings.review_key) verifies and signs review-decision proofs."""
-    acts = SessionActivities(engine)
+    ``review_key`` (Settings.review_key) verifies and signs review-decision proofs;
+    ``context_messages`` (Settings.context_messages) bounds what a model call reads."""
+    acts = SessionActivities(engine, context_messages=context_messages)
     xagent = XAgentActivities(engine, client, review_key=review_key)
     delegation = DelegationActivities(engine, client)
     steps = StepActivities(engine)
@@ -223,6 +281,7 @@ def build_worker(
     review_key: bytes = DEV_REVIEW_KEY,
     graceful_shutdown: timedelta = timedelta(),
     deployment: WorkerDeploymentConfig | None = None,
+    context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough.
 
@@ -232,15 +291,19 @@ def build_worker(
     API decision is recorded as unverified. ``graceful_shutdown``: how long a
     shutdown (SIGTERM) lets in-flight activities finish before cancelling them
     (``BATON_WORKER_GRACEFUL_SHUTDOWN_S``). ``deployment``: Worker Versioning
-    (:func:`deployment_config`), None = unversioned.
+    (:func:`deployment_config`), None = unversioned. ``context_messages``: the context
+    window of a model call (``BATON_CONTEXT_MESSAGES``, None = the whole transcript).
     """
+    install_workflow_code_cache()
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
     warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
     return Worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
-        activities=activities_for(engine, client, review_key=review_key),
+        activities=activities_for(
+            engine, client, review_key=review_key, context_messages=context_messages
+        ),
         # Slots are many because a sync delegation holds one while its child runs (async,
         # no thread); blocking DB activities share the thread pool and queue there instead.
         activity_executor=ThreadPoolExecutor(max_workers=activity_threads),

@@ -234,6 +234,7 @@ async def run_services(
             review_key=review_key,
             graceful_shutdown=timedelta(seconds=settings.worker_graceful_shutdown_s),
             deployment=deployment_config(settings),
+            context_messages=settings.context_messages or None,
         )
     server = None
     if api_port is not None:

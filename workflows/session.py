@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -69,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         SessionInput,
         SessionStatus,
         SettleInput,
+        SettleResult,
         StatusChange,
         TaskArgs,
         ToolCall,
@@ -106,6 +107,8 @@ PATCH_ROUTING = "team-routes-and-mentions"
 PATCH_CALL_CAP = "cap-tool-calls-per-reply"
 PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
 PATCH_MCP_TOOLS = "mcp-server-tools"
+PATCH_LOCAL_LOAD = "load-agent-local-activity"
+PATCH_LOCAL_SETTLE = "settle-review-local-activity"
 
 
 @workflow.defn(name="Session")
@@ -142,13 +145,22 @@ class SessionWorkflow:
         """Load the pinned agent once, answer messages, continue-as-new when suggested."""
         try:
             if self._agent is None:
-                self._agent = await workflow.execute_activity_method(
-                    SessionActivities.load_agent,
-                    LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin),
-                    start_to_close_timeout=store_timeout(self._inp.config),
-                    retry_policy=STORE_RETRY,
-                    summary=f"load {inp.agent_pin}",
-                )
+                load = LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin)
+                if workflow.patched(PATCH_LOCAL_LOAD):
+                    # A local activity: it runs inside the first workflow task, so the first
+                    # model turn is scheduled by that same task instead of one more server
+                    # round trip (issue 14). Still durable: its result is a history marker.
+                    self._agent = await self._local(
+                        SessionActivities.load_agent, load, summary=f"load {inp.agent_pin}"
+                    )
+                else:
+                    self._agent = await workflow.execute_activity_method(
+                        SessionActivities.load_agent,
+                        load,
+                        start_to_close_timeout=store_timeout(self._inp.config),
+                        retry_policy=STORE_RETRY,
+                        summary=f"load {inp.agent_pin}",
+                    )
             if inp.first_message is not None:
                 # A failed first turn is recorded in the transcript; the session stays open.
                 with contextlib.suppress(ApplicationError):
@@ -648,23 +660,59 @@ class SessionWorkflow:
             del self._settled_reviews[next(iter(self._settled_reviews))]
         if not self._open_reviews:
             self._set_status("running")
-        settled = await workflow.execute_activity_method(
-            XAgentActivities.settle_review,
-            SettleInput(
-                tool=tool,
-                review_id=review_id,
-                operation=OPERATION_OF[tool.call.name],
-                target=target,
-                outcome=outcome,
-                decision=decision,
-                timeout_s=timeout,
-                auth=self._inp.config.auth,
-            ),
-            start_to_close_timeout=store_timeout(self._inp.config),
-            retry_policy=STORE_RETRY,
-            summary=f"review {outcome}",
+        settle = SettleInput(
+            tool=tool,
+            review_id=review_id,
+            operation=OPERATION_OF[tool.call.name],
+            target=target,
+            outcome=outcome,
+            decision=decision,
+            timeout_s=timeout,
+            auth=self._inp.config.auth,
         )
+        # A local activity: the decision's workflow task records the outcome and schedules
+        # what follows, one server round trip fewer between decision and resumed turn
+        # (issue 14). Durable all the same: its result is a marker in history.
+        summary = f"review {outcome}"
+        if workflow.patched(PATCH_LOCAL_SETTLE):
+            settled: SettleResult = await self._local(
+                XAgentActivities.settle_review, settle, summary=summary
+            )
+        else:
+            settled = await workflow.execute_activity_method(
+                XAgentActivities.settle_review,
+                settle,
+                start_to_close_timeout=store_timeout(self._inp.config),
+                retry_policy=STORE_RETRY,
+                summary=summary,
+            )
         return None if settled.allowed else settled.outcome
+
+    async def _local(self, fn: Callable[..., Any], arg: Any, *, summary: str) -> Any:
+        """A short DB activity run as a local activity, with the store options.
+
+        Its failure is raised as :class:`ActivityError` (cause: the activity's error), as an
+        ordinary activity's is: this SDK hands a local activity's own ApplicationError over
+        unwrapped, and the callers' ``except ActivityError`` must serve both paths.
+        """
+        try:
+            return await workflow.execute_local_activity_method(
+                fn,
+                arg,
+                start_to_close_timeout=store_timeout(self._inp.config),
+                retry_policy=STORE_RETRY,
+                summary=summary,
+            )
+        except ApplicationError as err:
+            raise ActivityError(
+                f"local activity failed: {err.message}",
+                scheduled_event_id=0,
+                started_event_id=0,
+                identity="",
+                activity_type=getattr(fn, "__name__", "activity"),
+                activity_id="",
+                retry_state=None,
+            ) from err
 
     # --- External sessions: X-Agent calls of an outside process over MCP (issue 13) ----
     # An external session's turns are taken outside Baton (docs/mcp.md). Each MCP tool call

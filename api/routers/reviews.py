@@ -18,7 +18,7 @@ import asyncio
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import Engine
 from temporalio.service import RPCError, RPCStatusCode
@@ -30,6 +30,7 @@ from baton.contracts import Decision, ReviewDecision
 from baton.errors import BatonError, EngineUnavailable
 from baton.permissions import reviews
 from baton.storage.db import session_scope
+from baton.storage.notify import EventNotifier
 
 router = APIRouter(prefix="/v1/reviews", tags=["reviews"])
 audit_router = APIRouter(prefix="/v1/audit", tags=["audit"])
@@ -132,6 +133,7 @@ async def decide(
     caller: CallerDep,
     settings: SettingsDep,
     response: Response,
+    request: Request,
 ) -> reviews.ReviewPublic:
     """Deliver a proven decision (Signal ``review_decision``) and report what it did.
 
@@ -175,16 +177,21 @@ async def decide(
             raise ReviewTooLate(f"the session of review '{review_id}' has ended") from exc
         raise EngineUnavailable(f"Temporal refused the decision: {exc.message}") from exc
     deadline = asyncio.get_running_loop().time() + SETTLE_WAIT_S
-    while asyncio.get_running_loop().time() < deadline:
-        state, winner = await asyncio.to_thread(_decision_id, engine, review_id)
-        if state != "pending":
-            if winner != decision_id:
-                raise ReviewTooLate(
-                    f"review '{review_id}' was settled ({state}) before this decision arrived",
-                    review_status=state,
-                )
-            return await asyncio.to_thread(_load, engine, caller, review_id)
-        await asyncio.sleep(POLL_S)
+    # Settling writes the session's review_resolved event: the notifier wakes this wait at
+    # that commit (issue 14) instead of after the next 50 ms poll, which stays the fallback.
+    notifier: EventNotifier = request.app.state.notifier
+    with notifier.subscribe(review.session_id) as settled:
+        while asyncio.get_running_loop().time() < deadline:
+            settled.clear()
+            state, winner = await asyncio.to_thread(_decision_id, engine, review_id)
+            if state != "pending":
+                if winner != decision_id:
+                    raise ReviewTooLate(
+                        f"review '{review_id}' was settled ({state}) before this decision arrived",
+                        review_status=state,
+                    )
+                return await asyncio.to_thread(_load, engine, caller, review_id)
+            await settled.wait(timeout=POLL_S)
     response.status_code = status.HTTP_202_ACCEPTED
     return await asyncio.to_thread(_load, engine, caller, review_id)
 

@@ -35,11 +35,11 @@ from baton.runs import external, inquiries, launch, run_tree, session_store
 from baton.runs.external import ExternalIdentity
 from baton.settings import Settings
 from baton.storage.db import session_scope
+from baton.storage.notify import EventNotifier
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 SessionIdPath = Annotated[str, Path(pattern=r"^session-[0-9a-f-]{36}$", examples=["session-0b6c…"])]
-POLL_S = 0.2
 #: Event ids are 64-bit integers in every backend.
 MAX_EVENT_ID = 2**62
 #: Statuses that end an ``until=idle`` stream.
@@ -450,13 +450,39 @@ def get_session(
 
 @router.get("/{session_id}/transcript", responses=problem_responses(404, 422), summary="Transcript")
 def get_transcript(
-    session_id: SessionIdPath, session: SessionDep, caller: CallerDep
+    session_id: SessionIdPath,
+    session: SessionDep,
+    caller: CallerDep,
+    limit: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=session_store.MAX_TRANSCRIPT_PAGE,
+            description="Page size: at most this many messages, and `next_cursor` while "
+            "more follow. Without it, the whole transcript.",
+        ),
+    ] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=160,
+            description="A previous page's `next_cursor`: the page after it (needs `limit`).",
+        ),
+    ] = None,
 ) -> session_store.Transcript:
-    """Status line then messages; tool I/O summarised, thinking never stored."""
+    """Status line then messages; tool I/O summarised, thinking never stored.
+
+    Paged with ``limit`` (1..500) and ``cursor`` (issue 14): each page is one range read,
+    so a 10,000-message transcript pages in constant time. 422 ``invalid_cursor`` for a
+    cursor naming no message of this session.
+    """
     caller.require(
         session, session_store.get_session(session, session_id=session_id).agent_slug, "viewer"
     )
-    return session_store.transcript(session, session_id=session_id)
+    if cursor is not None and limit is None:
+        raise session_store.InvalidCursor("a cursor needs a limit (the page size)", path="limit")
+    return session_store.transcript(session, session_id=session_id, limit=limit, cursor=cursor)
 
 
 @router.get(
@@ -514,19 +540,26 @@ async def stream_events(
             rows = session_store.events_after(s, session_id=session_id, after=after_id)
             return [(r.id or 0, r.type, json.dumps(r.data)) for r in rows], state
 
+    notifier: EventNotifier = request.app.state.notifier
+
     async def gen() -> AsyncIterator[ServerSentEvent]:
         nonlocal cursor
-        while not await request.is_disconnected():
-            rows, state = await asyncio.to_thread(fetch, cursor)
-            for event_id, kind, data in rows:
-                cursor = event_id
-                yield ServerSentEvent(id=str(event_id), event=kind, data=data)
-                if until and kind == "status" and json.loads(data)["status"] in CLOSING:
-                    return
-            if not rows:
+        # Issue 14: read the log when the notifier says this session has new events (or
+        # every FALLBACK_S), never on a timer per follower: idle followers cost nothing.
+        with notifier.subscribe(session_id) as woken:
+            while not await request.is_disconnected():
+                woken.clear()  # before the read: an event committed after it still wakes
+                rows, state = await asyncio.to_thread(fetch, cursor)
+                for event_id, kind, data in rows:
+                    cursor = event_id
+                    yield ServerSentEvent(id=str(event_id), event=kind, data=data)
+                    if until and kind == "status" and json.loads(data)["status"] in CLOSING:
+                        return
+                if rows:
+                    continue  # read on until the log is drained, as before
                 if until and state in CLOSING:
                     return
-                await asyncio.sleep(POLL_S)
+                await woken.wait()
 
     return EventSourceResponse(gen(), ping=15)
 

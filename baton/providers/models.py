@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -182,8 +184,39 @@ def build_model(name: str, *, playbook: list[dict[str, Any]] | None, agent_slug:
     """
     if name == SCRIPTED:
         return scripted_model(playbook, agent_slug=agent_slug)
+    return _provider_model(name)
+
+
+#: Environment variables a provider reads when its model is built (base URL, key, org).
+_PROVIDER_ENV = ("OPENAI_", "ANTHROPIC_")
+#: Provider models built in this process, per event loop: their HTTP connection pool
+#: belongs to the loop that first used it.
+_MODELS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, ...], Model]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _provider_model(name: str) -> Model:
+    """``infer_model(name)``, built once per event loop and provider environment.
+
+    Building one costs a new SDK client, an HTTP client with a fresh TLS context (~5 ms of
+    CPU) and a new connection for every call (bench/README.md, issue 14); a model holds no
+    per-request state, so every turn of this loop shares it. Keyed by the ``OPENAI_*`` /
+    ``ANTHROPIC_*`` variables too, so a changed key or base URL builds a new one.
+    """
+    env = tuple(sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(_PROVIDER_ENV)))
+    key = (name, *env)
     try:
-        return infer_model(name)
+        per_loop = _MODELS.setdefault(asyncio.get_running_loop(), {})
+    except RuntimeError:  # no running loop: nothing to share the pool with
+        per_loop = {}
+    model = per_loop.get(key)
+    if model is not None:
+        return model
+    try:
+        model = infer_model(name)
     except ImportError as exc:  # a provider whose client library is not installed
         msg = f"model '{name}' needs a provider package that is not installed: {exc}"
         raise UserError(msg) from exc
+    per_loop[key] = model
+    return model

@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
+from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
 from sqlalchemy.sql.elements import ColumnElement
@@ -156,19 +157,22 @@ def record(
         session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
     )
     now = utcnow()
-    session.add(
-        UsageRow(
-            message_id=message_id,
-            day=now.date().isoformat(),
-            agent_slug=agent,
-            session_id=session_id,
-            step_id=session_id if session_id.startswith("step-") else None,
-            model=model[:200],
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cost_usd=cost_usd,
-            at=now,
-        )
+    # A Core INSERT on the transaction's connection: every model call writes one, and the
+    # ORM unit of work cost more CPU than the statement (issue 14).
+    session.connection().execute(
+        sa_insert(UsageRow.__table__),  # type: ignore[attr-defined]
+        {
+            "message_id": message_id,
+            "day": now.date().isoformat(),
+            "agent_slug": agent,
+            "session_id": session_id,
+            "step_id": session_id if session_id.startswith("step-") else None,
+            "model": model[:200],
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cost_usd": cost_usd,
+            "at": now,
+        },
     )
     if cost_usd:
         session.execute(

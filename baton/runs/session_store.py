@@ -14,16 +14,31 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Table
 from sqlalchemy import event as sa_event
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import text as sa_text
+from sqlalchemy import tuple_ as sa_tuple
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
-from baton.errors import SessionNotFound
+from baton.errors import BatonError, SessionNotFound
+from baton.storage import notify
 from baton.storage.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
+
+
+class InvalidCursor(BatonError):
+    """A transcript ``cursor`` that names no message of this session."""
+
+    code = "invalid_cursor"
+    status = 422
+    title = "Invalid cursor"
+
+
+#: Largest transcript page (``limit``) the API serves.
+MAX_TRANSCRIPT_PAGE = 500
 
 SUMMARY_CHARS = 300
 Role = Literal["user", "assistant", "tool", "error"]
@@ -122,6 +137,11 @@ class Transcript(BaseModel):
     session_id: str
     status: str
     messages: list[TranscriptMessage] = Field(default_factory=list)
+    next_cursor: str | None = Field(
+        default=None,
+        description="Paged reads (`limit`): pass as `cursor` for the next page; null on the "
+        "last page (and always without `limit`).",
+    )
 
 
 def to_public(row: SessionRow) -> SessionPublic:
@@ -202,6 +222,11 @@ def list_sessions(
     return page(session, SessionRow, where=where, order_by=newest_first, limit=limit, offset=offset)
 
 
+#: The tables of the hot writes, for Core statements (no ORM machinery per statement).
+_SESSIONS: Table = SessionRow.__table__  # type: ignore[attr-defined]
+_MESSAGES: Table = MessageRow.__table__  # type: ignore[attr-defined]
+_EVENTS: Table = EventRow.__table__  # type: ignore[attr-defined]
+
 #: ``Session.info`` key of the events a PostgreSQL transaction writes at commit.
 _PENDING_EVENTS = "baton_pending_events"
 
@@ -228,13 +253,14 @@ def append_event(
     """
     # A plain row, inserted without an ORM object: events are the hottest write.
     row = {"session_id": session_id, "type": type, "data": data, "created_at": utcnow()}
+    notify.touched(session, session_id)  # its followers in this process wake at commit
     if session.get_bind().dialect.name == "postgresql":
         # Remember the (nested) transaction: rolling back a savepoint drops its events.
         txn = session.get_nested_transaction() or session.get_transaction()
         session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed, txn))
     elif not (unless_closed and lock_session(session, session_id=session_id) in CLOSED_STATUSES):
         # The status was read under SQLite's write lock: no cancel slips in.
-        session.execute(sa_insert(EventRow), [row])
+        session.connection().execute(sa_insert(_EVENTS), [row])
 
 
 @sa_event.listens_for(Session, "before_commit")
@@ -269,7 +295,9 @@ def _write_pending_events(session: Session) -> None:
     )
     rows = [r for r, unless, _ in pending if not (unless and r["session_id"] in closed)]
     if rows:  # one multi-row INSERT: ids follow the list's order
-        session.execute(sa_insert(EventRow), rows)
+        session.connection().execute(sa_insert(_EVENTS), rows)
+        # Followers in other processes: LISTEN baton_events hears it at commit (issue 14).
+        notify.notify_sql(session, (r["session_id"] for r in rows))
 
 
 @sa_event.listens_for(Session, "after_soft_rollback")
@@ -341,17 +369,16 @@ def set_status(session: Session, *, session_id: str, status: SessionStatus) -> N
     # One conditional UPDATE: it takes the row lock (waiting for a writer that holds it)
     # and only then reads the status. A closed session is terminal, so late writers
     # cannot reopen it, and an unchanged status writes no event.
-    changed = session.execute(
-        sa_update(SessionRow)
+    changed = session.connection().execute(
+        sa_update(_SESSIONS)
         .where(
-            col(SessionRow.id) == session_id,
-            col(SessionRow.status).not_in(CLOSED_STATUSES),
-            col(SessionRow.status) != status,
+            _SESSIONS.c.id == session_id,
+            _SESSIONS.c.status.not_in(CLOSED_STATUSES),
+            _SESSIONS.c.status != status,
         )
-        .values(status=status, last_activity_at=utcnow()),
-        execution_options={"synchronize_session": False},
+        .values(status=status, last_activity_at=utcnow())
     )
-    if changed.rowcount:  # type: ignore[attr-defined]
+    if changed.rowcount:
         _expire_loaded(session, session_id, ["status", "last_activity_at"])
         append_event(session, session_id=session_id, type="status", data={"status": status})
     elif session.get(SessionRow, session_id) is None:
@@ -386,26 +413,28 @@ def add_message(
     SessionNotFound. Written with two statements (the hot path of every turn): an
     in-place counter increment, then the message row, with no ORM object built.
     """
-    if session.get(MessageRow, message_id) is not None:
+    # Core statements on the transaction's connection: the ORM's per-statement machinery
+    # (identity lookups, bulk-persistence compile) cost more CPU than the SQL (issue 14).
+    if session.execute(sa_select(_MESSAGES.c.id).where(_MESSAGES.c.id == message_id)).first():
         return False
     now = utcnow()
     counters: dict[str, Any] = {
-        "message_count": SessionRow.message_count + 1,
+        "message_count": _SESSIONS.c.message_count + 1,
         "last_activity_at": now,
     }
     if usage is not None:
-        counters["input_tokens"] = SessionRow.input_tokens + usage.input_tokens
-        counters["output_tokens"] = SessionRow.output_tokens + usage.output_tokens
+        counters["input_tokens"] = _SESSIONS.c.input_tokens + usage.input_tokens
+        counters["output_tokens"] = _SESSIONS.c.output_tokens + usage.output_tokens
+    conn = session.connection()
     # An in-place increment: no read of the session row, and no lost update.
-    bumped = session.execute(
-        sa_update(SessionRow).where(col(SessionRow.id) == session_id).values(**counters),
-        execution_options={"synchronize_session": False},
+    bumped = conn.execute(
+        sa_update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(**counters)
     )
-    if not bumped.rowcount:  # type: ignore[attr-defined]
+    if not bumped.rowcount:
         raise SessionNotFound(f"no session '{session_id}'")
     _expire_loaded(session, session_id, list(counters))
-    session.execute(
-        sa_insert(MessageRow).values(
+    conn.execute(
+        sa_insert(_MESSAGES).values(
             id=message_id,
             session_id=session_id,
             position=position,
@@ -456,32 +485,68 @@ class HistoryItem:
     is_error: bool
 
 
-def history(session: Session, *, session_id: str) -> list[HistoryItem]:
+def history(session: Session, *, session_id: str, last: int | None = None) -> list[HistoryItem]:
     """The conversation for a model call, in order: only the needed columns.
 
-    Loaded on every model call, so it skips ORM objects and unused JSON columns.
+    ``last`` bounds it to the newest ``last`` messages (the context window,
+    ``BATON_CONTEXT_MESSAGES``), trimmed to start at a user message when the window holds
+    one, so the model never reads a reply whose question was cut off; None loads all.
+    Loaded on every model call, so it skips ORM objects and unused JSON columns, and a
+    bounded read never touches the older rows (issue 14).
     """
-    rows = session.execute(
-        sa_select(
-            col(MessageRow.role),
-            col(MessageRow.text),
-            col(MessageRow.tool_name),
-            col(MessageRow.tool_call_id),
-            col(MessageRow.tool_calls),
-            col(MessageRow.is_error),
-        )
-        .where(col(MessageRow.session_id) == session_id)
-        .order_by(col(MessageRow.position))
+    columns = (
+        col(MessageRow.role),
+        col(MessageRow.text),
+        col(MessageRow.tool_name),
+        col(MessageRow.tool_call_id),
+        col(MessageRow.tool_calls),
+        col(MessageRow.is_error),
+    )
+    query = sa_select(*columns).where(col(MessageRow.session_id) == session_id)
+    if last is None:
+        rows = session.execute(query.order_by(col(MessageRow.position))).all()
+        return [HistoryItem(*row) for row in rows]
+    newest = session.execute(
+        query.order_by(col(MessageRow.position).desc(), col(MessageRow.id).desc()).limit(last)
     ).all()
-    return [HistoryItem(*row) for row in rows]
+    items = [HistoryItem(*row) for row in reversed(newest)]
+    first_user = next((i for i, m in enumerate(items) if m.role == "user"), 0)
+    return items[first_user:]
 
 
-def transcript(session: Session, *, session_id: str) -> Transcript:
+def transcript(
+    session: Session, *, session_id: str, limit: int | None = None, cursor: str | None = None
+) -> Transcript:
     """Status line and messages, tool I/O summarised (Gamut X-Agent,
-    get_agent_session_transcript)."""
+    get_agent_session_transcript).
+
+    Without ``limit``: every message. With ``limit``: at most that many, in order, after
+    the message ``cursor`` names (a previous page's ``next_cursor``: the id of its last
+    message), with ``next_cursor`` set while more follow. One indexed range read per page,
+    whatever the transcript's length (issue 14). Raises SessionNotFound, InvalidCursor.
+    """
     row = get_session(session, session_id=session_id)
+    query = select(MessageRow).where(MessageRow.session_id == session_id)
+    if cursor is not None:
+        after = session.get(MessageRow, cursor)
+        if after is None or after.session_id != session_id:
+            raise InvalidCursor(
+                f"cursor '{cursor[:160]}' names no message of this session", path="cursor"
+            )
+        query = query.where(
+            sa_tuple(col(MessageRow.position), col(MessageRow.id))
+            > sa_tuple(after.position, after.id)
+        )
+    query = query.order_by(col(MessageRow.position), col(MessageRow.id))
+    if limit is not None:
+        query = query.limit(limit + 1)  # one more tells whether another page follows
+    found = list(session.exec(query).all())
+    next_cursor = None
+    if limit is not None and len(found) > limit:
+        found = found[:limit]
+        next_cursor = found[-1].id
     out = []
-    for m in messages(session, session_id=session_id):
+    for m in found:
         tool_input = None
         if m.tool_args is not None:
             tool_input = summarise(json_compact(m.tool_args))
@@ -499,7 +564,7 @@ def transcript(session: Session, *, session_id: str) -> Transcript:
                 at=m.created_at,
             )
         )
-    return Transcript(session_id=row.id, status=row.status, messages=out)
+    return Transcript(session_id=row.id, status=row.status, messages=out, next_cursor=next_cursor)
 
 
 def json_compact(value: Any) -> str:

@@ -1,0 +1,61 @@
+"""What a turn no longer pays for (issue 14): a provider model built per call, and a
+workflow module compiled per new run when Python writes no bytecode."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from baton.providers.models import build_model
+from worker.factory import WorkflowCodeCache, _CompiledOnceLoader
+
+
+async def test_a_provider_model_is_built_once_per_loop_and_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two calls share one model (one HTTP client and its connections); another base URL
+    or key builds a new one; the scripted model is built per call (it is the playbook)."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "k1")
+    first = build_model("openai-chat:m", playbook=None, agent_slug="a")
+    assert build_model("openai-chat:m", playbook=None, agent_slug="a") is first
+    assert build_model("openai-chat:other", playbook=None, agent_slug="a") is not first
+    monkeypatch.setenv("OPENAI_API_KEY", "k2")
+    rekeyed = build_model("openai-chat:m", playbook=None, agent_slug="a")
+    assert rekeyed is not first
+    playbook = [{"reply": "ok"}]
+    assert build_model("scripted", playbook=playbook, agent_slug="a") is not build_model(
+        "scripted", playbook=playbook, agent_slug="a"
+    )
+
+
+def test_a_cached_workflow_module_is_compiled_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-importing a module of a cached package (as the sandbox does per run) reuses its
+    code object; an edited file is compiled again; other packages are left alone."""
+    pkg = tmp_path / "cachedpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("def f():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", [WorkflowCodeCache(["cachedpkg"]), *sys.meta_path])
+    monkeypatch.setattr(_CompiledOnceLoader, "codes", {})
+
+    def fresh() -> object:
+        for name in ("cachedpkg.mod", "cachedpkg"):
+            sys.modules.pop(name, None)
+        return importlib.import_module("cachedpkg.mod")
+
+    one, two = fresh(), fresh()
+    assert one is not two
+    assert one.f.__code__ is two.f.__code__  # type: ignore[attr-defined]
+    assert isinstance(one.__spec__.loader, _CompiledOnceLoader)  # type: ignore[attr-defined]
+    (pkg / "mod.py").write_text("def f():\n    return 2\n")
+    os.utime(pkg / "mod.py", ns=(1, 1))  # a new modification time, whatever the clock
+    assert fresh().f() == 2  # type: ignore[attr-defined]
+    assert WorkflowCodeCache(["cachedpkg"]).find_spec("json", None) is None
