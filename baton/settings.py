@@ -69,6 +69,15 @@ class Settings(BaseSettings):
         description="Seconds a policy review waits for a decision before it is denied "
         "(seed 003, 'Review timeout').",
     )
+    session_idle_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="Seconds an idle session's workflow waits for the next message before "
+        "it completes; that message starts it again (state in the DB). 600: a conversation "
+        "in progress stays warm between messages, one left alone costs the worker nothing.",
+    )
     max_delegation_depth: int = Field(
         default=3, ge=1, description="How many delegation hops a run may nest (seed 002)."
     )
@@ -294,6 +303,7 @@ class Settings(BaseSettings):
         return SessionConfig(
             default_model=self.model,
             review_timeout_s=self.review_timeout,
+            idle_timeout_s=self.session_idle_timeout,
             max_delegation_depth=self.max_delegation_depth,
             auth=self.auth == "on",
             allow_adhoc_delegation=self.allow_adhoc_delegation,
