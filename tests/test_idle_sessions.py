@@ -39,6 +39,7 @@ from baton.db import session_scope
 from baton.errors import SessionBusy, SessionClosed
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript
 from tests.test_api_reviews import Stack, agent, messages, running_stack
+from tests.test_delegation import all_sessions, delegating
 from tests.xagent_helpers import set_policy, setup_pair, tool_messages
 from worker.factory import WORKFLOWS, activities_for
 
@@ -60,6 +61,15 @@ async def completed(client: Client, session_id: str, timeout: float = 60.0) -> N
         await asyncio.sleep(0.1)
 
 
+async def cancelled(client: Client, session_id: str) -> None:
+    """Wait until the session's latest run has ended CANCELED."""
+    handle = client.get_workflow_handle(session_id)
+    deadline = time.monotonic() + 30
+    while (await handle.describe()).status != WorkflowExecutionStatus.CANCELED:
+        assert time.monotonic() < deadline, f"{session_id} was not cancelled"
+        await asyncio.sleep(0.1)
+
+
 async def runs(client: Client, session_id: str) -> list[WorkflowExecutionStatus | None]:
     """Statuses of every run of ``session_id``, oldest first."""
     found = [w async for w in client.list_workflows(f"WorkflowId = '{session_id}'")]
@@ -71,6 +81,16 @@ async def run_count(client: Client, session_id: str, expected: int) -> None:
     deadline = time.monotonic() + 30
     while len(await runs(client, session_id)) != expected:
         assert time.monotonic() < deadline, await runs(client, session_id)
+        await asyncio.sleep(0.1)
+
+
+async def runs_become(
+    client: Client, session_id: str, expected: list[WorkflowExecutionStatus]
+) -> None:
+    """Wait until visibility lists exactly the runs ``expected`` (statuses, oldest first)."""
+    deadline = time.monotonic() + 30
+    while (found := await runs(client, session_id)) != expected:
+        assert time.monotonic() < deadline, found
         await asyncio.sleep(0.1)
 
 
@@ -169,21 +189,15 @@ async def test_a_cancelled_session_stays_closed(
     sid = (await launch(client, db_engine, worker, "echo", "one", config=IDLE_CONFIG)).session_id
     await completed(client, sid)
     await launching.cancel_session(client, db_engine, session_id=sid)
-    handle = client.get_workflow_handle(sid)
-    deadline = time.monotonic() + 30
-    while (await handle.describe()).status != WorkflowExecutionStatus.CANCELED:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await cancelled(client, sid)
     assert status(db_engine, sid) == "cancelled"
     with pytest.raises(SessionClosed):
         await launching.send_message(client, db_engine, session_id=sid, prompt="two", sync=True)
     with pytest.raises(SessionClosed):
         await launching.send_message(client, db_engine, session_id=sid, prompt="two", sync=False)
-    await run_count(client, sid, 2)
-    assert await runs(client, sid) == [
-        WorkflowExecutionStatus.COMPLETED,
-        WorkflowExecutionStatus.CANCELED,
-    ]
+    await runs_become(
+        client, sid, [WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.CANCELED]
+    )
     await launching.cancel_session(client, db_engine, session_id=sid)  # idempotent
     await asyncio.sleep(0.5)
     assert len(await runs(client, sid)) == 2
@@ -345,10 +359,8 @@ async def test_a_message_while_the_completion_is_in_flight_starts_the_next_run(
     )
     assert sent_at < gate.completion_sent_at  # it was sent while the completion was held
     assert text == "you said two"
-    assert await runs(client, sid) == [
-        WorkflowExecutionStatus.COMPLETED,
-        WorkflowExecutionStatus.RUNNING,
-    ]
+    await run_count(client, sid, 2)  # the second run may have completed idle already
+    assert (await runs(client, sid))[0] == WorkflowExecutionStatus.COMPLETED
     assert message_ids(db_engine, sid) == [
         ":t1:user",
         ":t1:s1:assistant",
@@ -470,3 +482,27 @@ async def test_a_delegation_continuing_an_idle_completed_session_restarts_it(
         "more",
     ]
     await run_count(client, target.session_id, 2)
+
+
+async def test_the_cancel_cascade_reaches_delegated_sessions_that_completed_idle(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
+) -> None:
+    """A run tree whose runs all completed idle: cancelling the root cancels the root and
+    its delegated session (each started again to take its cancel path), both closed."""
+    client = temporal_env.client
+    publish(db_engine, "leaf", playbook=[{"reply": "leaf done"}])
+    tree = [{"alias": "leaf", "agent": "leaf"}]
+    publish(db_engine, "top", playbook=delegating("leaf", tool="task"), subagents=tree)
+    root = await launch(client, db_engine, worker, "top", "go", config=IDLE_CONFIG)
+    ids = {s.agent_slug: s.id for s in all_sessions(db_engine)}
+    assert set(ids) == {"top", "leaf"}
+    for sid in ids.values():
+        await completed(client, sid)
+    await launching.cancel_session(client, db_engine, session_id=root.session_id)
+    deadline = time.monotonic() + 60
+    while {status(db_engine, sid) for sid in ids.values()} != {"cancelled"}:
+        assert time.monotonic() < deadline, {a: status(db_engine, i) for a, i in ids.items()}
+        await asyncio.sleep(0.1)
+    for sid in ids.values():
+        await cancelled(client, sid)
+        await run_count(client, sid, 2)
