@@ -6,9 +6,9 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 from temporalio import activity
 
-from baton import sessions
 from baton.contracts import ExternalMessageInput
-from baton.db import session_scope
+from baton.runs import session_store
+from baton.storage.db import session_scope
 
 
 class ExternalActivities:
@@ -24,9 +24,9 @@ class ExternalActivities:
         Returns whether it was stored by this attempt.
         """
         with session_scope(self._engine) as s:
-            if sessions.is_closed(s, session_id=inp.session_id):
+            if session_store.is_closed(s, session_id=inp.session_id):
                 return False
-            return sessions.add_message(
+            return session_store.add_message(
                 s,
                 message_id=inp.message_id,
                 session_id=inp.session_id,

@@ -4,7 +4,7 @@ They reuse the session's model-turn machinery (the pydantic-ai model builder, th
 scripted model and its playbook, the message rebuilder, the provider error
 classification, heartbeating) but read and write only the inquiry's own rows:
 nothing here writes a session's messages, events, usage or shared channel (the
-no-pollution invariant, seed 002 'Ambassador'; see :mod:`baton.inquiries`).
+no-pollution invariant, seed 002 'Ambassador'; see :mod:`baton.runs.inquiries`).
 Activity names are explicit and stable.
 """
 
@@ -28,14 +28,9 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.session import (
-    PREVIEW_CHARS,
-    _classify,
-    _tool_call,
-    heartbeating,
-    to_model_messages,
-)
-from baton import inquiries, metering, registry
+from activities.outcomes import PREVIEW_CHARS, heartbeating
+from activities.turns import _classify, _tool_call, to_model_messages
+from baton.agents import registry
 from baton.contracts import (
     BALANCE_EXHAUSTED,
     InquiryFinish,
@@ -47,9 +42,10 @@ from baton.contracts import (
     ToolOutcome,
     Usage,
 )
-from baton.db import session_scope
 from baton.errors import BatonError
-from baton.models import build_model, model_name
+from baton.providers.models import build_model, model_name
+from baton.runs import inquiries, metering
+from baton.storage.db import session_scope
 
 T = TypeVar("T")
 
@@ -219,7 +215,7 @@ class InquiryActivities:
         """One model call of the ambassador, offered only its tool belt.
 
         Idempotent on ``message_id``. The system prompt is the ambassador's own
-        followed by :data:`baton.inquiries.SYSTEM_BRIEF`. Raises non-retryable
+        followed by :data:`baton.runs.inquiries.SYSTEM_BRIEF`. Raises non-retryable
         ApplicationErrors for a spent balance, an unresolvable ambassador and
         provider refusals (as ``model_turn`` does).
         """

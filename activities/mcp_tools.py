@@ -31,9 +31,9 @@ from mcp_types import TextContent
 from sqlalchemy.engine import Engine
 from temporalio import activity
 
-from activities.session import store_result, stored_outcome
+from activities.outcomes import store_result, stored_outcome
 from baton.contracts import McpServerRef, McpToolInput, McpToolSnapshot, ToolOutcome
-from baton.db import session_scope
+from baton.storage.db import session_scope
 
 #: Seconds to connect to a server, and to list all servers' tools when a session loads.
 CONNECT_TIMEOUT_S = 10.0

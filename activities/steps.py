@@ -11,9 +11,7 @@ from sqlalchemy.engine import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton import deliverables, sessions
 from baton.contracts import STEP_CLOSED, DeliverableCheck, DeliverableResult, StepUpdate
-from baton.db import StepRow, session_scope, utcnow
 from baton.errors import BatonError
 from baton.payloads import (
     MAX_PAYLOAD_DEPTH,
@@ -22,6 +20,8 @@ from baton.payloads import (
     json_bytes,
     nesting_depth,
 )
+from baton.runs import deliverables, session_store
+from baton.storage.db import StepRow, session_scope, utcnow
 
 #: Validation errors fed back to the model per attempt, and the length of each.
 MAX_ERRORS = 10
@@ -43,7 +43,7 @@ def parse_deliverable(text: str, schema: dict[str, Any] | None) -> DeliverableRe
     the model, never as an exception (a retry would fail the same way: issue 10, item 8):
     not JSON, nested past ``MAX_PAYLOAD_DEPTH``, larger than ``MAX_RESULT_BYTES`` once
     encoded, or not valid (a pattern that times out is a validation error too, see
-    :mod:`baton.deliverables`). A schema that cannot be applied raises a non-retryable
+    :mod:`baton.runs.deliverables`). A schema that cannot be applied raises a non-retryable
     ``invalid_schema`` ApplicationError: that is the step's fault, not the reply's.
     """
     if schema is None:
@@ -95,7 +95,7 @@ class StepActivities:
     def check_deliverable(self, inp: DeliverableCheck) -> DeliverableResult:
         """Parse and validate the final message of an attempt (read from the DB)."""
         with session_scope(self._engine) as s:
-            row = sessions.get_message(s, message_id=inp.message_id)
+            row = session_store.get_message(s, message_id=inp.message_id)
             text = row.text if row else ""
         return ensure_fits(parse_deliverable(text, inp.output_schema), what="deliverable check")
 

@@ -22,8 +22,10 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
-from baton import auth, delegations, permissions, policies, registry, reviews, sessions, telemetry
+from activities.outcomes import cancelled_outcome, heartbeating, store_result, stored_outcome
+from baton import telemetry
+from baton.agents import registry
+from baton.agents.spec import AgentSpec
 from baton.contracts import (
     AuthorizeInput,
     AuthorizeResult,
@@ -38,10 +40,12 @@ from baton.contracts import (
     ToolOutcome,
     XAgentCall,
 )
-from baton.db import Agent, AgentLivePointer, ReviewRow, SessionRow, session_scope, utcnow
 from baton.errors import BatonError
+from baton.grants import auth, policies
+from baton.permissions import gate, reviews
+from baton.runs import run_tree, session_store
 from baton.settings import DEV_REVIEW_KEY
-from baton.spec import AgentSpec
+from baton.storage.db import Agent, AgentLivePointer, ReviewRow, SessionRow, session_scope, utcnow
 
 #: Longest inline reply an invoke returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
@@ -69,12 +73,12 @@ def _agent(s: Session, slug: str) -> Agent | None:
 def refuse(
     s: Session,
     tool: ToolMessage,
-    decision: permissions.Decision,
+    decision: gate.Decision,
     operation: str,
     target: str | None,
     via: str | None = None,
 ) -> ToolOutcome:
-    """Store a refusal of :func:`baton.permissions.decide` as the tool's error result,
+    """Store a refusal of :func:`baton.permissions.gate.decide` as the tool's error result,
     audited as a ``block`` (with the path it came by) when the decision says who refused."""
     if decision.decided_by is not None:
         reviews.add_audit(
@@ -107,7 +111,7 @@ class XAgentActivities:
 
     @activity.defn(name="authorize")
     def authorize(self, inp: AuthorizeInput) -> AuthorizeResult:
-        """Decide one X-Agent call with :func:`baton.permissions.decide`; ``review``
+        """Decide one X-Agent call with :func:`baton.permissions.gate.decide`; ``review``
         opens a review row.
 
         Seed 003: guards and ACL checks run first; a block is audited and refused at
@@ -127,12 +131,12 @@ class XAgentActivities:
                 return AuthorizeResult(decision="refused", outcome=done)
             if s.get(ReviewRow, inp.review_id) is not None:
                 return AuthorizeResult(decision="review")
-            if sessions.is_closed(s, session_id=tool.session_id):
+            if session_store.is_closed(s, session_id=tool.session_id):
                 # Cancelled while this ran: no review nobody could settle, no audit row.
                 return AuthorizeResult(decision="refused", outcome=cancelled_outcome(tool))
-            decision = permissions.decide(
+            decision = gate.decide(
                 s,
-                permissions.Request(
+                gate.Request(
                     caller=caller,
                     operation=inp.operation,
                     target=inp.target,
@@ -165,12 +169,12 @@ class XAgentActivities:
                     "target": inp.target,
                     "preview": inp.preview,
                 }
-                sessions.append_event(
+                session_store.append_event(
                     s, session_id=tool.session_id, type="review_requested", data=data
                 )
                 # A review deep in a run must reach whoever watches the run's root.
-                delegations.forward(s, tool.session_id, "review_requested", data)
-                sessions.set_status(s, session_id=tool.session_id, status="awaiting_input")
+                run_tree.forward(s, tool.session_id, "review_requested", data)
+                session_store.set_status(s, session_id=tool.session_id, status="awaiting_input")
             return AuthorizeResult(decision="review")
 
     # --- settle_review: the one outcome of a review ---------------------------
@@ -183,7 +187,7 @@ class XAgentActivities:
         pending review that the new policy now allows is then resolved by
         signalling its session (seed 003, 'Always Allow'), with a proof so it
         is recorded as the policy's doing. Who the decision is recorded as and
-        whether it may save a policy is :func:`baton.reviews.credit` (an
+        whether it may save a policy is :func:`baton.permissions.reviews.credit` (an
         unproven decision: ``temporal (unverified)``, no policy in auth mode).
         """
         telemetry.annotate(
@@ -256,10 +260,10 @@ class XAgentActivities:
                     reason=reason,
                 )
                 resolved = reviews.resolved_event(row)
-                sessions.append_event(
+                session_store.append_event(
                     s, session_id=row.session_id, type="review_resolved", data=resolved
                 )
-                delegations.forward(s, row.session_id, "review_resolved", resolved)
+                run_tree.forward(s, row.session_id, "review_resolved", resolved)
                 if inp.outcome != "allowed":
                     what = (
                         f"{row.operation} '{row.target_agent_slug}'"
@@ -274,9 +278,9 @@ class XAgentActivities:
                     )
                     store_result(s, tool, text, ok=False)
                 if reviews.pending_in_session(s, session_id=row.session_id) == 0:
-                    srow = sessions.get_session(s, session_id=row.session_id)
+                    srow = session_store.get_session(s, session_id=row.session_id)
                     if srow.status == "awaiting_input":
-                        sessions.set_status(s, session_id=row.session_id, status="running")
+                        session_store.set_status(s, session_id=row.session_id, status="running")
             if row.status == "allowed" and row.scope is not None:
                 # Recomputed on every attempt: a retry after the commit must still release
                 # the reviews the saved policy covers (signalling twice is harmless).
@@ -357,7 +361,7 @@ class XAgentActivities:
         if call.name == "get_agent_sessions":
             args = GetAgentSessionsArgs.model_validate(call.args)
             registry.get_agent(s, slug=args.slug)
-            rows, total = sessions.list_sessions(
+            rows, total = session_store.list_sessions(
                 s, agent=args.slug, limit=args.limit, offset=args.offset
             )
             return _json(
@@ -436,16 +440,16 @@ class XAgentActivities:
 
     @staticmethod
     def _transcript(s: Session, args: GetTranscriptArgs) -> str:
-        row = sessions.get_session(s, session_id=args.session_id)
+        row = session_store.get_session(s, session_id=args.session_id)
         if row.agent_slug != args.slug:
             raise SessionOfOtherAgent(
                 f"session '{args.session_id}' is not a session of '{args.slug}'"
             )
         lines = [f"status: {row.status}"]
-        for m in sessions.messages(s, session_id=args.session_id):
+        for m in session_store.messages(s, session_id=args.session_id):
             if m.role == "tool":
-                given = sessions.summarise(sessions.json_compact(m.tool_args or {}), 200)
-                got = sessions.summarise(m.text, 200)
+                given = session_store.summarise(session_store.json_compact(m.tool_args or {}), 200)
+                got = session_store.summarise(m.text, 200)
                 lines.append(f"[tool {m.tool_name}] input: {given} → output: {got}")
                 continue
             text = m.text

@@ -32,10 +32,10 @@ from api.problems import (
 )
 from api.routers import agents, inquiries, reviews, sessions, steps, teams
 from baton import telemetry
-from baton.db import make_engine
 from baton.errors import EngineUnavailable
-from baton.migrate import require_current
 from baton.settings import Settings, get_settings
+from baton.storage.db import make_engine
+from baton.storage.migrate import require_current
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

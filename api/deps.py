@@ -13,10 +13,10 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from temporalio.client import Client
 
-from baton import auth as access
-from baton.db import session_scope
 from baton.errors import BatonError, EngineUnavailable
+from baton.grants import auth as access
 from baton.settings import Settings
+from baton.storage.db import session_scope
 
 log = logging.getLogger("baton.api")
 #: Cookie of the web console holding the bearer token (issue 15).
@@ -104,7 +104,7 @@ class Caller:
         """The members of a team the user may see: viewer on every member (a team's
         access is its members'). Raises TeamNotFound (404) for a missing team and for a
         hidden one alike, so the answer never tells a hidden team exists."""
-        from baton import teams
+        from baton.agents import teams
 
         slugs = teams.member_slugs(session, team_id=team_id)
         if not self.sees_team(session, slugs):

@@ -5,7 +5,7 @@ Built with the official SDK's :class:`mcp.server.mcpserver.MCPServer` (mcp 2.x).
 Every request carries ``Authorization: Bearer <proxy_token>``; :class:`ProxyAuth`
 refuses it with a 401 problem+json before the SDK sees it, otherwise the tools
 act for the token's session. Each tool call is the Update ``external_tool_call``
-on that session's workflow (:func:`baton.external.call_tool`), so guards, ACL,
+on that session's workflow (:func:`baton.runs.external.call_tool`), so guards, ACL,
 policy, reviews, audit and durability are the model path's own; this module only
 translates. Stateless HTTP: any API replica can answer any request (DESIGN §12).
 """
@@ -29,10 +29,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.deps import Caller, get_temporal
 from api.problems import problem_response
-from baton import external
-from baton.auth import Unauthorized
-from baton.db import session_scope
 from baton.errors import BatonError
+from baton.grants.auth import Unauthorized
+from baton.runs import external
+from baton.storage.db import session_scope
 
 #: Where the server is mounted on the API process.
 MCP_PATH = "/mcp"
@@ -53,7 +53,7 @@ INSTRUCTIONS = (
 
 class ProxyAuth:
     """ASGI guard in front of the SDK's app: 401 problem+json (code ``unauthorized``)
-    without a valid proxy token (:func:`baton.external.authenticate`), else the identity
+    without a valid proxy token (:func:`baton.runs.external.authenticate`), else the identity
     goes into the request state for the tools."""
 
     def __init__(self, inner: ASGIApp) -> None:

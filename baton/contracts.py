@@ -292,7 +292,7 @@ class SessionConfig(BaseModel):
         "reserve (its max_tokens; also capped to what the budget has left).",
     )
     # Issue 12 item 2: true state. A session's run ends once it has been idle this long
-    # and its next message starts a new run of the same workflow id (baton.launch).
+    # and its next message starts a new run of the same workflow id (baton.runs.launch).
     idle_timeout_s: float | None = Field(
         default=600.0,
         description="BATON_SESSION_IDLE_TIMEOUT: seconds an idle session's workflow waits "
@@ -350,7 +350,7 @@ MAX_SETTLED_REVIEWS = 200
 class SessionInput(BaseModel):
     """SessionWorkflow input. ``agent``, ``turn`` and the review memory are carried across
     continue-as-new, and into the session row (``resume_input``) when a run completes idle:
-    the next message starts the next run from there (:func:`baton.launch.deliver_update`)."""
+    the next message starts the next run from there (:func:`baton.runs.launch.deliver_update`)."""
 
     session_id: str
     agent_pin: str = Field(description="slug@version resolved at launch.")
@@ -553,13 +553,6 @@ def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
 
 # --- X-Agent tools (seed 000) -------------------------------------------------
 
-XAgentTool = Literal[
-    "list_agents",
-    "create_agent",
-    "invoke_agent",
-    "get_agent_sessions",
-    "get_agent_session_transcript",
-]
 #: Policy-controlled operations (seed 003, 'Operations'); create always reviews.
 Operation = Literal["list", "read", "invoke", "create"]
 OPERATION_OF: dict[str, Operation] = {
@@ -577,7 +570,6 @@ ONE_HOP_VIOLATION = "one_hop_violation"
 BLOCKED_BY_POLICY = "blocked_by_policy"
 #: Every path by which one agent makes another run (the audit log's ``via``).
 Via = Literal["invoke", "delegate_to", "route", "mention", "task"]
-VIAS: tuple[Via, ...] = ("invoke", "delegate_to", "route", "mention", "task")
 
 
 class GuardRefusal(BaseModel):
@@ -602,7 +594,7 @@ def cross_agent_guard(
       was bounded when it was published and the runtime depth ceiling bounds it.
 
     Pure (no I/O): the workflow calls it before scheduling anything and
-    ``baton.permissions.decide`` calls it again for every path that reaches an
+    ``baton.permissions.gate.decide`` calls it again for every path that reaches an
     activity without the workflow (routes, mentions), so no path skips it.
     Returns None when the call may go on to the ACL and the policy.
     """
@@ -746,7 +738,8 @@ class ReviewDecision(BaseModel):
     proof: str | None = Field(
         default=None,
         max_length=128,
-        description="HMAC-SHA256 (hex) the API or the worker adds (baton.reviews.prove); "
+        description="HMAC-SHA256 (hex) the API or the worker adds "
+        "(baton.permissions.reviews.prove); "
         "a decision without a valid one is recorded as 'temporal (unverified)'.",
     )
 
@@ -782,7 +775,10 @@ class SettleInput(BaseModel):
     target: str | None = None
     outcome: ReviewOutcome
     decision: ReviewDecision | None = None
-    timeout_s: float = 300.0
+    timeout_s: float = Field(
+        default=SessionConfig.model_fields["review_timeout_s"].default,
+        description="The review's timeout (the session's review_timeout_s).",
+    )
     auth: bool = Field(
         default=False, description="Auth mode: an unproven decision never saves a policy."
     )
@@ -989,15 +985,6 @@ class LateDecision(BaseModel):
 SessionInput.model_rebuild()
 # --- Inquiries (issue 15: the ambassador, seed 002) ---------------------------------------
 
-#: The ambassador's read-only tool belt, plus ``draft_message`` (writes only to the inquiry).
-AMBASSADOR_TOOLS = (
-    "list_conversations",
-    "read_conversation",
-    "explore_conversation",
-    "summarize_conversation",
-    "draft_message",
-)
-
 
 class InquiryInput(BaseModel):
     """``Inquiry`` workflow input: who asks what about which session, set by the API only."""
@@ -1011,7 +998,7 @@ class InquiryInput(BaseModel):
     default_model: str | None = None
     prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
     max_steps: int = Field(default=8, description="Model calls one inquiry may make.")
-    model_turn_timeout_s: float = 300.0
+    model_turn_timeout_s: float = SessionConfig.model_fields["model_turn_timeout_s"].default
     config: SessionConfig = Field(
         default_factory=SessionConfig,
         description="The engine's activity timeouts and retry budget (as a session's).",

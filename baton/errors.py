@@ -142,10 +142,6 @@ class RemovedField(InvalidSpec):
     code = "removed_field"
 
 
-class UnknownField(InvalidSpec):
-    code = "unknown_field"
-
-
 class SpecValidationError(InvalidSpec):
     """A spec document failed schema validation (types, patterns, unknown fields)."""
 

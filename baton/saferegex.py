@@ -1,8 +1,8 @@
 """Run a user's regular expression safely: the one place every user pattern goes through.
 
 Users and models write patterns Baton runs: playbook ``when`` and team route ``when``
-(:mod:`baton.spec`, :mod:`baton.teams`), and a step's JSON Schema ``pattern`` /
-``patternProperties`` (:mod:`baton.deliverables`). Each of them is
+(:mod:`baton.agents.spec`, :mod:`baton.agents.teams`), and a step's JSON Schema ``pattern`` /
+``patternProperties`` (:mod:`baton.runs.deliverables`). Each of them is
 
 - parsed with the `regex` module's own parser and refused when the compiled pattern
   would be too big (:func:`expanded_size`): `regex` copies the body of a counted repeat

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +35,12 @@ def _package_version() -> str:
         return version("baton")
     except PackageNotFoundError:  # running from a source tree that was never installed
         return "0+unknown"
+
+
+def _session_default(field: str) -> Any:
+    """The default of a setting a session runs with is the :class:`SessionConfig` field's own,
+    so each number is written once (in baton.contracts), for settings and workflows alike."""
+    return SessionConfig.model_fields[field].default
 
 
 class Settings(BaseSettings):
@@ -62,7 +68,7 @@ class Settings(BaseSettings):
         default="http://localhost:8233", description="Base URL of the Temporal Web UI for links."
     )
     review_timeout: float = Field(
-        default=300.0,
+        default=_session_default("review_timeout_s"),
         gt=0,
         le=7 * 86400,
         allow_inf_nan=False,
@@ -70,7 +76,7 @@ class Settings(BaseSettings):
         "(seed 003, 'Review timeout').",
     )
     session_idle_timeout: float = Field(
-        default=600.0,
+        default=_session_default("idle_timeout_s"),
         gt=0,
         le=7 * 86400,
         allow_inf_nan=False,
@@ -79,10 +85,12 @@ class Settings(BaseSettings):
         "in progress stays warm between messages, one left alone costs the worker nothing.",
     )
     max_delegation_depth: int = Field(
-        default=3, ge=1, description="How many delegation hops a run may nest (seed 002)."
+        default=_session_default("max_delegation_depth"),
+        ge=1,
+        description="How many delegation hops a run may nest (seed 002).",
     )
     runtime_depth_ceiling: int = Field(
-        default=8,
+        default=_session_default("runtime_depth_ceiling"),
         ge=1,
         description="Per-deployment nesting ceiling no agent setting can raise (seed 004, "
         "'What bounds a tree').",
@@ -91,12 +99,12 @@ class Settings(BaseSettings):
         default="off", description="'on' requires bearer API tokens and applies agent ACLs."
     )
     allow_adhoc_delegation: bool = Field(
-        default=True,
+        default=_session_default("allow_adhoc_delegation"),
         description="Offer delegate_to and the roster to ordinary sessions (seed 002); the "
         "roster itself is opt-in per agent.",
     )
     delegation_timeout: float = Field(
-        default=900.0,
+        default=_session_default("delegation_timeout_s"),
         gt=0,
         le=86400,
         allow_inf_nan=False,
@@ -113,7 +121,7 @@ class Settings(BaseSettings):
         "pydantic-ai's price data wins where it knows the model.",
     )
     max_run_sessions: int = Field(
-        default=100,
+        default=_session_default("max_run_sessions"),
         ge=1,
         le=100_000,
         description="Sessions one run may start in all, whatever its agents' limits say.",
@@ -178,7 +186,7 @@ class Settings(BaseSettings):
     )
     # Issue 10 item 10: how soon a lost worker's work resumes elsewhere (SessionConfig).
     heartbeat_timeout: float = Field(
-        default=5.0,
+        default=_session_default("heartbeat_timeout_s"),
         gt=0,
         le=3600,
         allow_inf_nan=False,
@@ -186,41 +194,41 @@ class Settings(BaseSettings):
         "a lost worker is retried on another; they beat at half of it.",
     )
     model_turn_timeout: float = Field(
-        default=600.0,
+        default=_session_default("model_turn_timeout_s"),
         gt=0,
         le=86400,
         allow_inf_nan=False,
         description="Seconds one model call may take (start-to-close).",
     )
     store_timeout: float = Field(
-        default=10.0,
+        default=_session_default("store_timeout_s"),
         gt=0,
         le=3600,
         allow_inf_nan=False,
         description="Seconds a DB-only activity may take before it is retried (start-to-close).",
     )
     tool_timeout: float = Field(
-        default=60.0,
+        default=_session_default("tool_timeout_s"),
         gt=0,
         le=86400,
         allow_inf_nan=False,
         description="Seconds one tool call may take (start-to-close).",
     )
     model_attempts: int = Field(
-        default=20,
+        default=_session_default("model_attempts"),
         ge=1,
         le=1000,
         description="Attempts one model call may take in all, worker losses included.",
     )
     model_provider_failures: int = Field(
-        default=6,
+        default=_session_default("model_provider_failures"),
         ge=1,
         le=1000,
         description="Retryable provider errors after which a model call fails for good.",
     )
     # Issue 10 item 6: token_budget reservations.
     max_output_tokens: int = Field(
-        default=4096,
+        default=_session_default("max_output_tokens"),
         ge=1,
         le=10_000_000,
         description="Under a token_budget: the most output tokens one model call reserves "

@@ -202,7 +202,7 @@ def count_turn(
 ) -> None:
     """Count one metered model call: ``baton_turns``, ``baton_tokens`` (direction in|out)
     and ``baton_cost_usd`` (a histogram: its ``_sum`` is the known spend; a call with
-    no known price, ``None``, adds nothing). Called by :func:`baton.metering.record`
+    no known price, ``None``, adds nothing). Called by :func:`baton.runs.metering.record`
     only, once per call it records."""
     meter = _meter()
     if meter is None:

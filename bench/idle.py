@@ -8,7 +8,7 @@ The stack: a Temporal dev server (the ``temporal`` binary next to this Python, i
 memory), a SQLite file in a temp dir (or ``--database-url``), and per phase a fresh
 ``baton worker`` child process, so the RSS read from ``/proc/<pid>/status`` is the
 worker's alone. This process launches the sessions itself through
-``baton.launch.launch_session`` (``sync``: each first turn answered), ``--concurrency``
+``baton.runs.launch.launch_session`` (``sync``: each first turn answered), ``--concurrency``
 at a time, with an instant scripted agent. Two phases, each on its own task queue:
 
 * **held**: ``--sessions`` sessions whose config has ``idle_timeout_s=None`` — what every
@@ -54,12 +54,13 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest  # noqa: 
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
-from baton import launch, registry  # noqa: E402
+from baton.agents import registry  # noqa: E402
+from baton.agents.spec import AgentSpec  # noqa: E402
 from baton.contracts import Provenance, SessionConfig  # noqa: E402
-from baton.db import init_db, make_engine, session_scope  # noqa: E402
 from baton.errors import AgentNotFound  # noqa: E402
+from baton.runs import launch  # noqa: E402
 from baton.settings import Settings  # noqa: E402
-from baton.spec import AgentSpec  # noqa: E402
+from baton.storage.db import init_db, make_engine, session_scope  # noqa: E402
 from worker.stack import DevServer, free_port  # noqa: E402
 
 AGENT = "idle-bench"

@@ -51,7 +51,7 @@ if __name__ == "__main__":
     # `python bench/recovery.py` puts bench/ on sys.path, not the repo root.
     sys.path.insert(0, str(ROOT))
 
-from baton.db import EventRow, MessageRow, SessionRow, make_engine, session_scope  # noqa: E402
+from baton.storage.db import EventRow, MessageRow, SessionRow, make_engine, session_scope  # noqa: E402
 from worker.stack import DevServer, free_port  # noqa: E402
 
 AGENT = "slow-streamer"

@@ -30,9 +30,9 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
-from baton.db import init_db, make_engine
 from baton.errors import EngineUnavailable
 from baton.settings import Settings
+from baton.storage.db import init_db, make_engine
 from bench.turns import BatonDriver, Stats, pct, publish_instant_agent, throughput
 from worker.factory import connect
 from worker.stack import DevServer, free_port

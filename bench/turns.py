@@ -9,7 +9,7 @@ Two systems run on the same server, interleaved round by round:
   one update-with-start, like Baton) whose handler runs ONE no-op activity. No
   DB, no model: the floor Temporal itself imposes on a turn.
 * **baton**: the real ``SessionWorkflow`` on the real worker
-  (``worker.factory.build_worker``), driven by ``baton.launch.launch_session``
+  (``worker.factory.build_worker``), driven by ``baton.runs.launch.launch_session``
   and ``send_message`` with ``sync=True``, with an agent whose playbook answers
   ``ok`` (the offline scripted model: an instant model).
 
@@ -80,9 +80,10 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.worker import Interceptor as WorkerInterceptor
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-    import activities.session as act_mod
-    import baton.launch as launch_mod
-    from baton import registry
+    import activities.turns as act_mod
+    import baton.runs.launch as launch_mod
+    from baton.agents import registry
+    from baton.agents.spec import AgentSpec
     from baton.contracts import (
         SA_STATUS,
         SEARCH_ATTRIBUTES,
@@ -91,8 +92,7 @@ with workflow.unsafe.imports_passed_through():
         TurnOutcome,
         UserMessage,
     )
-    from baton.db import init_db, make_engine, session_scope
-    from baton.spec import AgentSpec
+    from baton.storage.db import init_db, make_engine, session_scope
     from worker.factory import PASSTHROUGH, build_worker
     from worker.stack import DEV_SERVER_TUNING, temporal_binary
 

@@ -1,6 +1,6 @@
 """Alembic environment: Baton's models are the target, Baton's engine runs the revisions.
 
-:mod:`baton.migrate` always hands over an open connection in
+:mod:`baton.storage.migrate` always hands over an open connection in
 ``config.attributes["connection"]`` (one transaction, with PostgreSQL's advisory
 lock held); with none, the engine comes from ``BATON_DATABASE_URL``.
 """
@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
-import baton.db  # the tables register on SQLModel.metadata
-from baton.db import UTCDateTime
+import baton.storage.db  # the tables register on SQLModel.metadata
+from baton.storage.db import UTCDateTime
 
 target_metadata = SQLModel.metadata
 
@@ -59,7 +59,7 @@ def main() -> None:
         return
     from baton.settings import get_settings
 
-    engine = baton.db.make_engine(get_settings().database_url)
+    engine = baton.storage.db.make_engine(get_settings().database_url)
     try:
         with engine.begin() as connection:
             run(connection)

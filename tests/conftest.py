@@ -27,12 +27,35 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from api.app import create_app
-from baton import roster
+from baton.agents import roster
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import init_db, make_engine
 from baton.settings import Settings
+from baton.storage.db import init_db, make_engine
 from worker.factory import build_worker
 from worker.stack import DEV_SERVER_TUNING, ServicesThread, free_port
+
+#: Test files whose tests start several real processes, kill them and assert how fast the
+#: survivors take over. `make test` runs the suite in two xdist processes
+#: (``--dist loadgroup``); these files share one group, so they run one after another on one
+#: process while the other process runs the light files, and two fault tests never compete
+#: for the two cores.
+PROCESS_HEAVY_FILES = frozenset(
+    {
+        "test_scale_out.py",
+        "test_fault.py",
+        "test_review_crash.py",
+        "test_mcp_fault.py",
+        "test_ops.py",
+        "test_recovery.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put every test of :data:`PROCESS_HEAVY_FILES` into the one xdist group ``processes``."""
+    for item in items:
+        if item.path.name in PROCESS_HEAVY_FILES:
+            item.add_marker(pytest.mark.xdist_group("processes"))
 
 
 @pytest.fixture(autouse=True)

@@ -22,8 +22,8 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from baton.db import make_engine
 from baton.settings import get_settings
+from baton.storage.db import make_engine
 from worker.factory import build_worker, connect
 
 

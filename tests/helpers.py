@@ -12,12 +12,13 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import registry, sessions
+from baton.agents import registry
+from baton.agents.spec import AgentSpec
 from baton.contracts import Provenance, SessionConfig
-from baton.db import session_scope
 from baton.errors import AgentNotFound
-from baton.launch import Launched, launch_session
-from baton.spec import AgentSpec
+from baton.runs import session_store
+from baton.runs.launch import Launched, launch_session
+from baton.storage.db import session_scope
 
 #: Short timeouts so a killed worker's activity is retried quickly in tests.
 TEST_CONFIG = SessionConfig(heartbeat_timeout_s=3.0, model_turn_timeout_s=60.0)
@@ -62,12 +63,12 @@ async def launch(
 def transcript(engine: Engine, session_id: str) -> list[tuple[str, str]]:
     """``(role, text)`` pairs of the stored transcript, in order."""
     with session_scope(engine) as s:
-        return [(m.role, m.text) for m in sessions.messages(s, session_id=session_id)]
+        return [(m.role, m.text) for m in session_store.messages(s, session_id=session_id)]
 
 
 def status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
-        return sessions.get_session(s, session_id=session_id).status
+        return session_store.get_session(s, session_id=session_id).status
 
 
 async def wait_for(predicate: Any, timeout: float = 30.0) -> None:

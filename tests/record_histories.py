@@ -22,11 +22,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import launch as launching
-from baton import sessions
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import init_db, make_engine, session_scope
 from baton.errors import TurnFailed
+from baton.runs import launch as launching
+from baton.runs import session_store
+from baton.storage.db import init_db, make_engine, session_scope
 from tests.helpers import TEST_CONFIG, launch, publish
 from worker.factory import build_worker
 
@@ -145,7 +145,7 @@ async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> No
     from sqlmodel import select
 
     from baton.contracts import ReviewDecision
-    from baton.db import ReviewRow
+    from baton.storage.db import ReviewRow
     from tests.helpers import wait_for
     from tests.xagent_helpers import caller_playbook
 
@@ -197,7 +197,7 @@ async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -
     publish(engine, "slowpoke", playbook=slow, delegation={"available_for_delegation": True})
     call = {"tool": "delegate_to", "args": {"agent_id": "slowpoke", "task": "take your time"}}
     publish(engine, "impatient", playbook=[{"when": "go", "tool_calls": [call]}])
-    from baton import roster
+    from baton.agents import roster
 
     roster.clear_cache()
     run = await launch(client, engine, worker, "impatient", "go", sync=False)
@@ -211,7 +211,7 @@ async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -
 async def step_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
     """A step whose first deliverable fails its schema, then a step approved after revise."""
     from baton.contracts import HandoffDecision, StepRetry
-    from baton.db import StepRow
+    from baton.storage.db import StepRow
     from tests.test_steps import FIX_ON_FEEDBACK, run_step
 
     publish(engine, "summariser", playbook=FIX_ON_FEEDBACK)
@@ -254,7 +254,7 @@ async def idle_scenarios(client: Client, engine: Engine, worker: Worker) -> None
 
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
-        return sessions.get_session(s, session_id=session_id).status
+        return session_store.get_session(s, session_id=session_id).status
 
 
 SCENARIOS = {

@@ -7,16 +7,17 @@ from sqlalchemy.engine import Engine
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.session import SessionActivities
-from baton import registry, sessions
+from activities.turns import SessionActivities
+from baton.agents import registry
 from baton.contracts import LoadAgentInput, ModelTurnInput, Provenance, ToolCall, ToolInput
-from baton.db import session_scope
+from baton.runs import session_store
+from baton.storage.db import session_scope
 from tests.helpers import publish, transcript
 
 
 def new_session(engine: Engine, slug: str, version: int = 1) -> str:
     with session_scope(engine) as s:
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id="session-test",
             agent_slug=slug,

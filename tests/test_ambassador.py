@@ -14,9 +14,12 @@ from sqlmodel import Session, col, select
 from temporalio.testing import WorkflowEnvironment
 
 from activities.inquiry import InquiryActivities
-from baton import auth, inquiries, permissions, sessions
 from baton.contracts import InquiryInput, InquiryToolInput, ToolCall
-from baton.db import (
+from baton.grants import auth
+from baton.permissions import gate
+from baton.runs import inquiries, session_store
+from baton.settings import Settings
+from baton.storage.db import (
     ChannelMemory,
     EventRow,
     InquiryRow,
@@ -26,7 +29,6 @@ from baton.db import (
     make_engine,
     session_scope,
 )
-from baton.settings import Settings
 from tests.conftest import migrated, serve
 from tests.helpers import publish
 from tests.test_api_agents import assert_problem
@@ -177,9 +179,9 @@ def _footprint(engine: Engine, root: str) -> dict[str, Any]:
 
 
 def _children(s: Session, root: str) -> list[str]:
-    from baton import delegations
+    from baton.runs import run_tree
 
-    return delegations.run_sessions(s, root_session_id=root)
+    return run_tree.run_sessions(s, root_session_id=root)
 
 
 def test_ambassador_briefs_on_a_team_run_without_entering_it(
@@ -324,15 +326,13 @@ def test_every_path_that_runs_an_ambassador_is_refused(engine: Engine) -> None:
     publish(engine, "caller")
     with session_scope(engine) as s:
         for via in ("invoke", "delegate_to", "route", "mention", "task"):
-            req = permissions.Request(
+            req = gate.Request(
                 caller="caller", operation="invoke", target="amb", user="u", auth=False, via=via
             )
-            got = permissions.decide(s, req)
+            got = gate.decide(s, req)
             assert (got.verdict, got.code) == ("refuse", "not_invocable"), via
-        read = permissions.Request(
-            caller="caller", operation="read", target="amb", user="u", auth=False
-        )
-        assert permissions.decide(s, read).code != "not_invocable"
+        read = gate.Request(caller="caller", operation="read", target="amb", user="u", auth=False)
+        assert gate.decide(s, read).code != "not_invocable"
 
 
 def test_kind_is_inherited_and_the_most_derived_wins() -> None:
@@ -353,7 +353,7 @@ def test_belt_reads_only_what_the_asker_may_read(engine: Engine) -> None:
     publish(engine, "secret", playbook=[{"reply": "hidden"}])
     with session_scope(engine) as s:
         auth.create_user(s, user_id="ann")
-        row = sessions.create_session(
+        row = session_store.create_session(
             s,
             session_id=f"session-{uuid.uuid4()}",
             agent_slug="secret",
@@ -447,7 +447,7 @@ def test_voice_a_spoken_question_is_answered_and_the_answer_spoken(
     assert audio.content == b"FAKEMP3:" + body["answer"].encode()
     assert stub.requests[-1]["model"] == "tts-1" and stub.requests[-1]["voice"] == "alloy"
     heard = len(stub.requests)
-    from baton.voice import MAX_AUDIO_BYTES
+    from baton.providers.voice import MAX_AUDIO_BYTES
 
     ok = api.post(
         f"/v1/sessions/{sid}/inquiries/voice",

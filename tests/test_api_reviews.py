@@ -21,8 +21,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
-from baton.db import XAgentPolicy, init_db, make_engine, session_scope
 from baton.settings import Settings
+from baton.storage.db import XAgentPolicy, init_db, make_engine, session_scope
 from tests.test_api_agents import assert_problem
 from tests.xagent_helpers import caller_playbook
 from worker.stack import ServicesThread, free_port

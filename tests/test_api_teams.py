@@ -10,8 +10,8 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
-from baton import roster
-from baton.db import TeamRow, make_engine
+from baton.agents import roster
+from baton.storage.db import TeamRow, make_engine
 from tests.test_api_agents import assert_problem
 from tests.test_apply import baton
 from tests.test_e2e_sessions import sse

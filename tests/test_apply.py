@@ -11,7 +11,7 @@ import pytest
 import yaml
 from sqlmodel import Session, select
 
-from baton.db import Agent, AgentRevision, make_engine
+from baton.storage.db import Agent, AgentRevision, make_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "agents.yaml"

@@ -14,9 +14,9 @@ from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
-from baton import auth
-from baton.db import ApiToken, ReviewRow, init_db, make_engine, session_scope
+from baton.grants import auth
 from baton.settings import Settings
+from baton.storage.db import ApiToken, ReviewRow, init_db, make_engine, session_scope
 from tests.conftest import serve
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import (
@@ -581,7 +581,7 @@ def test_balance_is_not_set_over_the_api_and_usage_is_filtered(
 ) -> None:
     """Auth mode: PUT /v1/balance is 403 admin_only for every user; /v1/usage shows only the
     model calls of agents the caller holds a role on."""
-    from baton import metering
+    from baton.runs import metering
 
     users, engine, _ = registry_auth
     create_agent(users["alice"], "a1")

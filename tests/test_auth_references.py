@@ -10,10 +10,11 @@ import httpx
 import pytest
 from sqlalchemy.engine import Engine
 
-from baton import auth, registry
-from baton.db import session_scope
+from baton.agents import registry
+from baton.agents.spec import AgentSpec
 from baton.errors import AgentExists
-from baton.spec import AgentSpec
+from baton.grants import auth
+from baton.storage.db import session_scope
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, decide, pending, result_of, settled
 from tests.test_api_reviews import launch as api_launch

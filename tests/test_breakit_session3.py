@@ -10,13 +10,16 @@ import pytest
 from sqlalchemy.engine import Engine
 from temporalio.testing import ActivityEnvironment
 
-from activities.session import SessionActivities
+from activities.turns import SessionActivities
 from activities.xagent import XAgentActivities
 from api.app import create_app
-from baton import auth, reviews, sessions, teams
+from baton.agents import teams
 from baton.contracts import AuthorizeInput, Provenance, ToolCall, ToolInput, ToolMessage, XAgentCall
-from baton.db import session_scope
+from baton.grants import auth
+from baton.permissions import reviews
+from baton.runs import session_store
 from baton.settings import Settings
+from baton.storage.db import session_scope
 from tests.conftest import serve
 from tests.helpers import publish
 
@@ -27,7 +30,7 @@ def _cancelled_session(engine: Engine) -> str:
     publish(engine, "echo", playbook=[{"reply": "hi"}])
     publish(engine, "other", playbook=[{"reply": "hi"}])
     with session_scope(engine) as s:
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id="session-late",
             agent_slug="echo",
@@ -36,13 +39,13 @@ def _cancelled_session(engine: Engine) -> str:
             name="late",
         )
     with session_scope(engine) as s:  # the cancel commits first ...
-        sessions.set_status(s, session_id="session-late", status="cancelled")
+        session_store.set_status(s, session_id="session-late", status="cancelled")
     return "session-late"
 
 
 def _after_cancel(engine: Engine, session_id: str) -> list[str]:
     with session_scope(engine) as s:
-        kinds = [e.type for e in sessions.events_after(s, session_id=session_id)]
+        kinds = [e.type for e in session_store.events_after(s, session_id=session_id)]
     return kinds[kinds.index("status") + 1 :]
 
 
@@ -77,7 +80,7 @@ async def test_tool_results_never_land_after_cancelled(engine: Engine) -> None:
         xagent.xagent_tool, XAgentCall(tool=_tool(sid, "list_agents", {}, 1), user="local")
     )
     with session_scope(engine) as s:
-        assert sessions.get_session(s, session_id=sid).message_count == 0
+        assert session_store.get_session(s, session_id=sid).message_count == 0
     assert _after_cancel(engine, sid) == []
 
 

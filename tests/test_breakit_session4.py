@@ -11,9 +11,9 @@ import pytest
 from activities.mcp_tools import HeaderUnresolved, resolve_headers
 from api.app import create_app
 from api.deps import TOKEN_COOKIE
-from baton import auth
-from baton.db import make_engine, session_scope
+from baton.grants import auth
 from baton.settings import Settings
+from baton.storage.db import make_engine, session_scope
 from tests.conftest import migrated, serve
 
 # --- the console cookie across origins (CSRF) ------------------------------------------

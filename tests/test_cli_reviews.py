@@ -16,8 +16,8 @@ from typer.testing import CliRunner, Result
 from api.app import create_app
 from baton import cli as cli_module
 from baton.cli import app
-from baton.db import ApiToken, init_db, make_engine, session_scope
 from baton.settings import Settings, get_settings
+from baton.storage.db import ApiToken, init_db, make_engine, session_scope
 from tests.conftest import serve
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import (

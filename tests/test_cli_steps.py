@@ -14,8 +14,8 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
 from baton.cli import app
-from baton.db import StepRow, session_scope
 from baton.settings import get_settings
+from baton.storage.db import StepRow, session_scope
 from tests.test_api_reviews import Stack, agent, poll, running_stack
 from worker.stack import free_port
 

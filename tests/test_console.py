@@ -22,8 +22,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from temporalio.testing import WorkflowEnvironment
 
-from baton.db import EventRow, MessageRow, UsageRow, make_engine
 from baton.settings import Settings
+from baton.storage.db import EventRow, MessageRow, UsageRow, make_engine
 from tests.conftest import migrated
 from tests.test_ambassador import BRIEFER_PLAYBOOK
 from worker.stack import ServicesThread, free_port
@@ -295,9 +295,9 @@ def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
 
 def _footprint(engine: Engine, root: str) -> tuple[Any, ...]:
     with Session(engine) as s:
-        from baton import delegations
+        from baton.runs import run_tree
 
-        ids = [root, *delegations.run_sessions(s, root_session_id=root)]
+        ids = [root, *run_tree.run_sessions(s, root_session_id=root)]
         return (
             s.exec(
                 select(MessageRow.id, MessageRow.text).where(col(MessageRow.session_id).in_(ids))
@@ -392,8 +392,8 @@ def test_auth_mode_token_login_and_the_same_acl_as_the_api(
     services.start()
     engine = make_engine(settings.database_url)
     try:
-        from baton import auth
-        from baton.db import session_scope
+        from baton.grants import auth
+        from baton.storage.db import session_scope
 
         tokens = {}
         with session_scope(engine) as s:

@@ -23,10 +23,10 @@ INVOKE = {"slug": "target", "prompt": "hello target", "sync": True}
 
 async def details(client: Client, session_id: str) -> str:
     """The workflow's current details, as the Temporal UI asks for them."""
-    meta = await client.get_workflow_handle(session_id).query(
+    meta: WorkflowMetadata = await client.get_workflow_handle(session_id).query(
         "__temporal_workflow_metadata", result_type=WorkflowMetadata
     )
-    return meta.current_details
+    return str(meta.current_details)
 
 
 async def test_details_show_status_pin_turn_and_the_last_message(

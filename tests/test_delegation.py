@@ -22,15 +22,24 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-import activities.session as session_activities
-import baton.models
-from activities.delegation import Refused
-from baton import delegations, launch, policies, registry, roster, sessions, teams
+import activities.turns as session_activities
+import baton.providers.models
+from activities.delegate import Refused
+from baton.agents import registry, roster, teams
+from baton.agents.spec import AgentSpec
 from baton.contracts import DelegateInput, Provenance, SessionConfig, ToolCall, ToolMessage
-from baton.db import AuditRow, DelegationRow, EventRow, MessageRow, SessionRow, session_scope
 from baton.errors import TurnFailed
-from baton.launch import Launched, launch_session
-from baton.spec import AgentSpec
+from baton.grants import policies
+from baton.runs import launch, run_tree, session_store
+from baton.runs.launch import Launched, launch_session
+from baton.storage.db import (
+    AuditRow,
+    DelegationRow,
+    EventRow,
+    MessageRow,
+    SessionRow,
+    session_scope,
+)
 from tests.helpers import TEST_CONFIG, publish, wait_for
 from tests.helpers import launch as launch_agent
 from tests.test_teams import team_run
@@ -55,7 +64,7 @@ class Call:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Record every model call (agent, offered tools, system prompt) of the in-process worker."""
     seen: list[Call] = []
-    original = baton.models.build_model
+    original = baton.providers.models.build_model
 
     def build(name: str, *, playbook: list[dict[str, Any]] | None, agent_slug: str) -> Model:
         model = original(name, playbook=playbook, agent_slug=agent_slug)
@@ -114,7 +123,7 @@ def all_sessions(engine: Engine) -> list[SessionRow]:
 
 def messages(engine: Engine, session_id: str) -> list[MessageRow]:
     with session_scope(engine) as s:
-        return sessions.messages(s, session_id=session_id)
+        return session_store.messages(s, session_id=session_id)
 
 
 def tool_results(engine: Engine, session_id: str) -> list[MessageRow]:
@@ -138,7 +147,7 @@ def model_calls(engine: Engine) -> int:
 
 def run_usage(engine: Engine, root: str) -> int:
     with session_scope(engine) as s:
-        return delegations.run_tokens(s, root_session_id=root)
+        return run_tree.run_tokens(s, root_session_id=root)
 
 
 def message_tokens(msg: MessageRow) -> int:
@@ -266,7 +275,7 @@ async def test_members_see_only_the_task_then_relevant_channel_memories(
     # Members are separate sessions of their own agent, tagged with the team.
     for d in (d1, d2, d3):
         with session_scope(db_engine) as s:
-            child = sessions.get_session(s, session_id=d.child_session_id or "")
+            child = session_store.get_session(s, session_id=d.child_session_id or "")
         assert child.team == "desk" and child.depth == 1
         assert child.parent_session_id == first.session_id
 
@@ -491,7 +500,7 @@ def test_max_delegation_depth_three_ok_four_refused(db_engine: Engine) -> None:
     """max_delegation_depth (default 3) bounds delegate_to, routes and mentions: depth 3 passes
     the check, depth 4 is refused limit_exceeded (one hop keeps real runs at depth 1; this is
     the second line behind it)."""
-    from activities.delegation import _check_limits
+    from activities.delegate import _check_limits
 
     def inp(depth: int) -> DelegateInput:
         tool = ToolMessage(
@@ -522,7 +531,7 @@ def test_max_delegation_depth_three_ok_four_refused(db_engine: Engine) -> None:
 
 def delegations_of(engine: Engine, root: str) -> list[str]:
     with session_scope(engine) as s:
-        return delegations.run_sessions(s, root_session_id=root)
+        return run_tree.run_sessions(s, root_session_id=root)
 
 
 async def test_two_agents_delegating_to_each_other_are_bounded(
@@ -621,7 +630,7 @@ async def test_max_spawns_holds_for_parallel_delegations(
     # Line both checks up right after they read the count (as two busy workers can); a check
     # that holds a per-run lock while counting makes the other wait and the barrier time out.
     barrier = threading.Barrier(2, timeout=2)
-    counted = delegations.run_spawns
+    counted = run_tree.run_spawns
 
     def run_spawns(session: Any, *, root_session_id: str) -> int:
         n = counted(session, root_session_id=root_session_id)
@@ -629,7 +638,7 @@ async def test_max_spawns_holds_for_parallel_delegations(
             barrier.wait()
         return n
 
-    monkeypatch.setattr(delegations, "run_spawns", run_spawns)
+    monkeypatch.setattr(run_tree, "run_spawns", run_spawns)
     done = await run(temporal_env, db_engine, worker, "fanner")
     assert done.response == "done"
     results = tool_results(db_engine, done.session_id)
@@ -786,7 +795,7 @@ async def test_task_runs_a_subagent_with_node_overrides(
     (edge,) = children(db_engine, done.session_id)
     assert (edge.kind, edge.alias, edge.target_agent_slug) == ("task", "sums", "helper")
     with session_scope(db_engine) as s:
-        child = sessions.get_session(s, session_id=edge.child_session_id or "")
+        child = session_store.get_session(s, session_id=edge.child_session_id or "")
     assert child.agent_slug == "helper" and child.depth == 1
     resolved = child.resolved_agent or {}
     assert "NODE INSTRUCTIONS" in resolved["system_prompt"]
@@ -989,7 +998,7 @@ SLOW = [{"reply": "w " * 80, "chunk_delay_ms": 100}]
 
 def status_of(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
-        return sessions.get_session(s, session_id=session_id).status
+        return session_store.get_session(s, session_id=session_id).status
 
 
 async def workflow_end(

@@ -12,9 +12,9 @@ from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.delegation import DelegationActivities, Refused
-from activities.session import MAX_ARG_DEPTH, _tool_call
-from baton import delegations, sessions, teams
+from activities.delegate import DelegationActivities, Refused
+from activities.turns import MAX_ARG_DEPTH, _tool_call
+from baton.agents import teams
 from baton.contracts import (
     DelegateInput,
     DelegateToArgs,
@@ -22,7 +22,8 @@ from baton.contracts import (
     ToolCall,
     ToolMessage,
 )
-from baton.db import DelegationRow, session_scope
+from baton.runs import run_tree, session_store
+from baton.storage.db import DelegationRow, session_scope
 from tests.helpers import TEST_CONFIG, launch, publish
 from tests.test_teams import make_team, team_run
 from tests.xagent_helpers import caller_playbook, set_policy
@@ -58,7 +59,7 @@ async def test_a_team_run_stays_a_team_run_across_continue_as_new(
     config = TEST_CONFIG.model_copy(update={"continue_as_new_after_turns": 1})
     run = await team_run(temporal_env, db_engine, worker, "go", config=config)
     assert run.response is not None and "CHECKED" in run.response
-    from baton import launch as launching
+    from baton.runs import launch as launching
 
     _, text = await launching.send_message(
         temporal_env.client, db_engine, session_id=run.session_id, prompt="go", sync=True
@@ -69,10 +70,10 @@ async def test_a_team_run_stays_a_team_run_across_continue_as_new(
 def test_an_edge_without_a_session_is_skipped_by_trace_and_cascade(db_engine: Engine) -> None:
     """A delegation whose child never started (launch failed) breaks neither trace nor cancel."""
     with session_scope(db_engine) as s:
-        from baton.db import Agent
+        from baton.storage.db import Agent
 
         s.add(Agent(slug="a", name="A"))
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id="session-00000000-0000-0000-0000-000000000001",
             agent_slug="a",
@@ -92,7 +93,7 @@ def test_an_edge_without_a_session_is_skipped_by_trace_and_cascade(db_engine: En
             )
         )
     with session_scope(db_engine) as s:
-        tree = delegations.trace(s, session_id="session-00000000-0000-0000-0000-000000000001")
+        tree = run_tree.trace(s, session_id="session-00000000-0000-0000-0000-000000000001")
     assert tree.children == []
     acts = DelegationActivities(db_engine, client=None)  # type: ignore[arg-type]
     root = "session-00000000-0000-0000-0000-000000000001"
@@ -113,7 +114,7 @@ async def test_continuing_a_session_does_not_pull_it_into_the_run(
     with session_scope(db_engine) as s:
         (edge,) = s.exec(select(DelegationRow)).all()
         assert edge.child_session_id is None
-        assert delegations.descendants(s, session_id=run.session_id) == []
+        assert run_tree.descendants(s, session_id=run.session_id) == []
 
 
 async def test_a_run_starts_at_most_max_run_sessions(
@@ -138,26 +139,27 @@ async def test_a_run_starts_at_most_max_run_sessions(
             {"when": "go", "tool_calls": calls},
         ],
     )
-    from baton import roster
+    from baton.agents import roster
 
     roster.clear_cache()
     config = TEST_CONFIG.model_copy(update={"max_run_sessions": 2})
     run = await launch(temporal_env.client, db_engine, worker, "boss", "go", config=config)
     assert (run.response or "").count("limit_exceeded") == 1
     with session_scope(db_engine) as s:
-        assert delegations.run_spawns(s, root_session_id=run.session_id) == 2
+        assert run_tree.run_spawns(s, root_session_id=run.session_id) == 2
 
 
 def test_a_delegation_in_auth_mode_needs_the_user_role_on_its_target(db_engine: Engine) -> None:
     """_plan refuses (access_denied) a delegate_to whose target the session user cannot run."""
     publish(db_engine, "boss", playbook=[])
     publish(db_engine, "secret", playbook=[], delegation={"available_for_delegation": True})
-    from baton import auth, roster
+    from baton.agents import roster
+    from baton.grants import auth
 
     roster.clear_cache()
     with session_scope(db_engine) as s:
         auth.create_user(s, user_id="bob")
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id="session-00000000-0000-0000-0000-000000000002",
             agent_slug="boss",

@@ -18,8 +18,8 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts import Provenance, SessionConfig
-from baton.db import EventRow, TokenReservationRow, init_db, make_engine, session_scope
-from baton.launch import launch_session
+from baton.runs.launch import launch_session
+from baton.storage.db import EventRow, TokenReservationRow, init_db, make_engine, session_scope
 from tests.helpers import publish, status, transcript, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

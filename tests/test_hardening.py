@@ -13,12 +13,12 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.xagent import XAgentActivities
-from baton import launch as launching
-from baton import registry
+from baton.agents import registry
 from baton.contracts import ReviewDecision, SettleInput, ToolCall, ToolMessage
-from baton.db import XAgentPolicy, session_scope
 from baton.errors import AgentInUse
+from baton.runs import launch as launching
 from baton.settings import Settings
+from baton.storage.db import XAgentPolicy, session_scope
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import INVOKE_SYNC, Stack, decide, pending, result_of, settled

@@ -31,12 +31,12 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
 )
 
-from activities.session import SessionActivities
-from baton import launch as launching
-from baton import sessions
+from activities.turns import SessionActivities
 from baton.contracts import ResumePoint
-from baton.db import session_scope
 from baton.errors import SessionBusy, SessionClosed
+from baton.runs import launch as launching
+from baton.runs import session_store as sessions
+from baton.storage.db import session_scope
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript
 from tests.test_api_reviews import Stack, agent, messages, running_stack
 from tests.test_delegation import all_sessions, delegating

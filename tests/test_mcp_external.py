@@ -21,12 +21,13 @@ from mcp_types import CallToolResult, TextContent
 from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 
-from baton import auth, launch
-from baton import external as external_mod
 from baton.contracts import Provenance
-from baton.db import session_scope
 from baton.errors import SessionExternal
-from baton.external import open_external_session
+from baton.grants import auth
+from baton.runs import external as external_mod
+from baton.runs import launch
+from baton.runs.external import open_external_session
+from baton.storage.db import session_scope
 from tests.test_api_reviews import Stack, agent, decide, messages, pending, poll, running_stack
 from tests.test_auth import add_user
 

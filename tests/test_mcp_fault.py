@@ -15,11 +15,11 @@ from sqlmodel import col, select
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
-from baton import policies
 from baton.contracts import Provenance, SessionConfig
-from baton.db import DelegationRow, SessionRow, init_db, make_engine, session_scope
-from baton.external import open_external_session
+from baton.grants import policies
+from baton.runs.external import open_external_session
 from baton.settings import Settings
+from baton.storage.db import DelegationRow, SessionRow, init_db, make_engine, session_scope
 from tests.conftest import serve
 from tests.helpers import publish, transcript, wait_for
 from tests.test_fault import chunk_count, start_worker

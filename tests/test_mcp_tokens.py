@@ -11,10 +11,12 @@ import pytest
 from sqlmodel import select
 from typer.testing import Result
 
-from baton import auth, external, registry, sessions
+from baton.agents import registry
+from baton.agents.spec import AgentSpec
 from baton.contracts import Provenance
-from baton.db import ProxyTokenRow, init_db, make_engine, session_scope, utcnow
-from baton.spec import AgentSpec
+from baton.grants import auth
+from baton.runs import external, session_store
+from baton.storage.db import ProxyTokenRow, init_db, make_engine, session_scope, utcnow
 from tests.test_cli_reviews import cli  # noqa: F401 (fixture)
 
 Run = Callable[..., Result]
@@ -27,7 +29,7 @@ def setup(db_url: str) -> tuple[str, str]:
     with session_scope(engine) as s:
         registry.create_agent(s, slug="outside", name="Outside", spec=AgentSpec())
         registry.publish(s, slug="outside")
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id="session-00000000-0000-0000-0000-000000000001",
             agent_slug="outside",
@@ -35,7 +37,7 @@ def setup(db_url: str) -> tuple[str, str]:
             provenance=Provenance(external=True),
             name="x",
         )
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id="session-00000000-0000-0000-0000-000000000002",
             agent_slug="outside",
@@ -104,7 +106,7 @@ def test_expired_and_closed_session_tokens_are_refused(tmp_path: Path) -> None:
             with pytest.raises(auth.Unauthorized):
                 external.authenticate(s, plain, now=edge)
             assert external.authenticate(s, plain, now=utcnow()).session_id == sid
-            sessions.set_status(s, session_id=sid, status="cancelled")
+            session_store.set_status(s, session_id=sid, status="cancelled")
         with session_scope(engine) as s, pytest.raises(auth.Unauthorized):
             external.authenticate(s, plain)
     finally:

@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 from temporalio.testing import WorkflowEnvironment
 
 from activities.mcp_tools import HeaderUnresolved, check_arguments, resolve_headers
-from baton.spec import AgentSpec
+from baton.agents.spec import AgentSpec
 from tests.conftest import serve
 from tests.openai_stub import OpenAIStub
 from tests.test_api_reviews import Stack, messages, running_stack, settled
@@ -140,7 +140,7 @@ def test_remote_tools_succeed_error_and_stay_blocked(stack: Stack, mcp_url: str)
 
 
 async def _resolved_agent(stack: Stack, sid: str) -> dict[str, Any]:
-    from baton.db import SessionRow, session_scope
+    from baton.storage.db import SessionRow, session_scope
 
     with session_scope(stack.engine) as s:
         row = s.get(SessionRow, sid)

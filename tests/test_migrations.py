@@ -29,10 +29,10 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
-from baton import migrate
 from baton.cli import app
-from baton.db import Agent, MessageRow, SessionRow, init_db, make_engine, session_scope
 from baton.settings import get_settings
+from baton.storage import migrate
+from baton.storage.db import Agent, MessageRow, SessionRow, init_db, make_engine, session_scope
 from tests.test_fault import worker_env
 from worker.stack import free_port
 

@@ -13,11 +13,11 @@ from temporalio.api.history.v1 import ActivityTaskStartedEventAttributes
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import sessions
+from baton.agents.tools import TOOLS
 from baton.contracts import XAGENT_TOOLS
-from baton.db import session_scope
 from baton.errors import TurnFailed
-from baton.tools import TOOLS
+from baton.runs import session_store
+from baton.storage.db import session_scope
 from tests.conftest import serve
 from tests.helpers import launch, publish, status, transcript
 from tests.openai_stub import COMPLETION_TOKENS, PROMPT_TOKENS, OpenAIStub
@@ -71,7 +71,7 @@ async def model_turn_starts(
 
 def session_tokens(engine: Engine, session_id: str) -> tuple[int, int]:
     with session_scope(engine) as s:
-        row = sessions.get_session(s, session_id=session_id)
+        row = session_store.get_session(s, session_id=session_id)
         return row.input_tokens, row.output_tokens
 
 
@@ -79,7 +79,7 @@ def assistant_usages(engine: Engine, session_id: str) -> list[dict[str, Any]]:
     with session_scope(engine) as s:
         return [
             dict(m.usage or {})
-            for m in sessions.messages(s, session_id=session_id)
+            for m in session_store.messages(s, session_id=session_id)
             if m.role == "assistant"
         ]
 
@@ -210,7 +210,7 @@ async def test_team_lead_is_offered_delegate_to_only_with_specialists(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker, stub: OpenAIStub
 ) -> None:
     """A lead-only team offers no delegate_to; one specialist gives an enum of exactly it."""
-    from baton import teams
+    from baton.agents import teams
     from tests.test_teams import team_run
 
     publish(db_engine, "solo-lead", model="openai-chat:stub-model", system_prompt="Lead.")

@@ -24,11 +24,11 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
-from baton import sessions
 from baton.contracts import Provenance
-from baton.db import init_db, make_engine, session_scope
-from baton.launch import launch_session
+from baton.runs import session_store
+from baton.runs.launch import launch_session
 from baton.settings import Settings
+from baton.storage.db import init_db, make_engine, session_scope
 from tests.conftest import migrated, serve
 from tests.forwarder import Forwarder
 from tests.helpers import TEST_CONFIG, publish
@@ -262,7 +262,7 @@ def test_baton_api_stops_on_sigterm_with_an_sse_follower_connected(
     init_db(engine)
     sid = f"session-{uuid.uuid4()}"
     with session_scope(engine) as s:  # a running session with nothing to say: the stream idles
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id=sid,
             agent_slug="quiet",

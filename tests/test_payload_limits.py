@@ -28,12 +28,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.session import MAX_CALLS_BYTES, UNPARSED, fit_tool_calls
 from activities.steps import RESULT_HEADROOM, parse_deliverable
+from activities.turns import MAX_CALLS_BYTES, UNPARSED, fit_tool_calls
 from baton.contracts import DeliverableResult, StepInput, StepRetry, ToolCall
-from baton.launch import launch_step
-from baton.models import MAX_ARG_FILL_CHARS, fill, scripted_model
 from baton.payloads import MAX_PAYLOAD_DEPTH, MAX_RESULT_BYTES, ensure_fits, json_bytes
+from baton.providers.models import MAX_ARG_FILL_CHARS, fill, scripted_model
+from baton.runs.launch import launch_step
 from tests.helpers import TEST_CONFIG, launch, publish, transcript
 from tests.test_steps import finished
 

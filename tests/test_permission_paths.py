@@ -18,9 +18,9 @@ from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import roster, teams
-from baton.db import AuditRow, ReviewRow, SessionRow, session_scope
-from baton.launch import Launched
+from baton.agents import roster, teams
+from baton.runs.launch import Launched
+from baton.storage.db import AuditRow, ReviewRow, SessionRow, session_scope
 from tests.helpers import launch, publish
 from tests.test_teams import team_run
 from tests.xagent_helpers import set_policy

@@ -16,12 +16,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.session import (
-    MODEL_PROVIDER_FAILED,
-    SessionActivities,
-    heartbeating_thread,
-    provider_failures,
-)
+from activities.outcomes import heartbeating_thread
+from activities.turns import MODEL_PROVIDER_FAILED, SessionActivities, provider_failures
 from baton.contracts import LoadAgentInput
 from baton.errors import TurnFailed
 from baton.settings import Settings

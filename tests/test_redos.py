@@ -22,7 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.steps import parse_deliverable
 from baton import saferegex
-from baton.spec import PlaybookRule, compile_pattern
+from baton.agents.spec import PlaybookRule, compile_pattern
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, agent, poll, running_stack
 

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from baton import registry
-from baton.db import AgentRevision, DelegationRow, session_scope
+from baton.agents import registry
+from baton.agents.spec import AgentSpec
 from baton.errors import (
     AgentExists,
     AgentInUse,
@@ -27,7 +27,7 @@ from baton.errors import (
     TreeTooLarge,
     UnknownAgent,
 )
-from baton.spec import AgentSpec
+from baton.storage.db import AgentRevision, DelegationRow, session_scope
 
 
 def put(session: Session, slug: str, **spec: Any) -> tuple[int, bool]:
@@ -397,8 +397,8 @@ def test_concurrent_writers_never_leave_a_broken_live_graph(engine: Engine) -> N
 
 def test_closed_session_status_is_terminal(session: Session) -> None:
     """Once cancelled (or failed), a late status write cannot reopen a session."""
-    from baton import sessions as store
     from baton.contracts import Provenance
+    from baton.runs import session_store as store
 
     put(session, "a", system_prompt="x")
     store.create_session(
@@ -411,9 +411,9 @@ def test_closed_session_status_is_terminal(session: Session) -> None:
 
 def test_closed_check_holds_off_a_concurrent_cancel(engine: Engine) -> None:
     """A writer that saw the session open commits its event before a racing cancel's status."""
-    from baton import sessions as store
     from baton.contracts import Provenance
-    from baton.db import session_scope
+    from baton.runs import session_store as store
+    from baton.storage.db import session_scope
 
     with session_scope(engine) as s:
         put(s, "a", system_prompt="x")
@@ -445,9 +445,9 @@ def test_closed_check_holds_off_a_concurrent_cancel(engine: Engine) -> None:
 
 def test_event_stream_never_skips_a_late_commit(engine: Engine) -> None:
     """A reader paging by event id sees an event whose transaction began first, committed last."""
-    from baton import sessions as store
     from baton.contracts import Provenance
-    from baton.db import session_scope
+    from baton.runs import session_store as store
+    from baton.storage.db import session_scope
 
     with session_scope(engine) as s:
         put(s, "a", system_prompt="x")
@@ -495,9 +495,9 @@ def test_event_stream_never_skips_a_late_commit(engine: Engine) -> None:
 
 def edge(s: Session, delegation_id: str, *, parent: str, child: str) -> None:
     """Record a delegate_to delegation ``parent`` → ``child`` in the run rooted at ``root``."""
-    from baton import delegations
+    from baton.runs import run_tree
 
-    delegations.start(
+    run_tree.start(
         s,
         delegation_id=delegation_id,
         root_session_id="root",
@@ -513,10 +513,10 @@ def edge(s: Session, delegation_id: str, *, parent: str, child: str) -> None:
 
 def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
     """A forwarded event racing its root's cancel is written before the cancel or not at all."""
-    from baton import delegations
-    from baton import sessions as store
     from baton.contracts import Provenance
-    from baton.db import session_scope
+    from baton.runs import run_tree
+    from baton.runs import session_store as store
+    from baton.storage.db import session_scope
 
     with session_scope(engine) as s:
         put(s, "a", system_prompt="x")
@@ -535,7 +535,7 @@ def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
 
     def forwarder() -> None:
         with session_scope(engine) as s:
-            delegations.forward(s, "child", "chunk", {"content": "late"})
+            run_tree.forward(s, "child", "chunk", {"content": "late"})
             s.flush()
             forwarded.set()
             cancelled.wait(2)  # PostgreSQL: the cancel commits first; SQLite: it waits for us
@@ -554,24 +554,24 @@ def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
 
 def test_cancel_records_every_open_delegation_under_the_session(engine: Engine) -> None:
     """cancel_open marks unfinished delegations at every depth cancelled, finished ones kept."""
-    from baton import delegations
+    from baton.runs import run_tree
 
     with session_scope(engine) as s:
         for did, parent, child in (("d1", "root", "c1"), ("d2", "c1", "c2"), ("d3", "root", "c3")):
             edge(s, did, parent=parent, child=child)
-        delegations.finish(s, delegation_id="d3", status="completed", result="done")
+        run_tree.finish(s, delegation_id="d3", status="completed", result="done")
     with session_scope(engine) as s:
-        assert sorted(delegations.cancel_open(s, session_id="root")) == ["d1", "d2"]
+        assert sorted(run_tree.cancel_open(s, session_id="root")) == ["d1", "d2"]
     with session_scope(engine) as s:
         rows = {r.id: r.status for r in s.exec(select(DelegationRow)).all()}
         assert rows == {"d1": "cancelled", "d2": "cancelled", "d3": "completed"}
-        assert delegations.cancel_open(s, session_id="root") == []
+        assert run_tree.cancel_open(s, session_id="root") == []
 
 
 def test_a_rolled_back_savepoint_drops_only_its_own_events(engine: Engine) -> None:
     """Events of a rolled-back savepoint are not written; the enclosing transaction's are."""
-    from baton import sessions as store
     from baton.contracts import Provenance
+    from baton.runs import session_store as store
 
     with session_scope(engine) as s:
         put(s, "a", system_prompt="x")
@@ -593,7 +593,7 @@ def test_a_rolled_back_savepoint_drops_only_its_own_events(engine: Engine) -> No
 
 def test_memories_match_on_meaningful_words_and_each_text_once(engine: Engine) -> None:
     """A memory sharing only words like "the" is not relevant; duplicate texts come once."""
-    from baton import teams
+    from baton.agents import teams
 
     with session_scope(engine) as s:
         put(s, "lead", system_prompt="x")

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from baton.agents.layers import LoadedRevision, Resolver
+from baton.agents.spec import AgentSpec, spec_digest
 from baton.contracts import ResolvedAgent
 from baton.errors import AgentNotFound, DuplicateAlias, InheritanceCycle, UnknownAgent
-from baton.resolver import LoadedRevision, Resolver
-from baton.spec import AgentSpec, spec_digest
 
 
 class Catalog:

@@ -15,8 +15,8 @@ from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts import Provenance, ReviewDecision, SessionConfig
-from baton.db import AuditRow, ReviewRow, SessionRow, session_scope
-from baton.launch import launch_session
+from baton.runs.launch import launch_session
+from baton.storage.db import AuditRow, ReviewRow, SessionRow, session_scope
 from tests.helpers import publish, status, wait_for
 from tests.test_fault import ROOT, start_worker, worker_env
 from tests.xagent_helpers import caller_playbook, set_policy

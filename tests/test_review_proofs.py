@@ -25,7 +25,6 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import reviews, sessions
 from baton.contracts import (
     MAX_LATE_DECISIONS,
     MAX_SETTLED_REVIEWS,
@@ -34,9 +33,11 @@ from baton.contracts import (
     SessionInput,
     UserMessage,
 )
-from baton.db import session_scope
 from baton.errors import InvalidSettings
+from baton.permissions import reviews
+from baton.runs import session_store
 from baton.settings import DEV_REVIEW_KEY, MIN_REVIEW_SECRET, Settings
+from baton.storage.db import session_scope
 from tests.conftest import venv_bin
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
 from tests.test_api_agents import assert_problem
@@ -432,7 +433,7 @@ async def test_a_session_remembers_the_newest_200_settled_reviews(
     carried = [f"review-{uuid.uuid4()}" for _ in range(MAX_SETTLED_REVIEWS)]
     sid = f"session-{uuid.uuid4()}"
     with session_scope(db_engine) as s:
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id=sid,
             agent_slug="caller",

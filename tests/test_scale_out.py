@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from baton.db import init_db, make_engine
+from baton.storage.db import init_db, make_engine
 from worker.stack import free_port
 
 BATON = str(Path(sys.executable).parent / "baton")

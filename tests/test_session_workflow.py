@@ -9,8 +9,8 @@ from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import launch as launching
 from baton.errors import InvalidPrompt, SessionBusy
+from baton.runs import launch as launching
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
 
 CALC_PLAYBOOK = [

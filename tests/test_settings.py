@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from baton.contracts import SessionConfig
 from baton.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +29,15 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         "default",
         "baton",
     )
+
+
+def test_a_session_runs_with_the_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no BATON_* variable set, a session's config equals SessionConfig's own defaults
+    (each default is written once: a literal added to Settings alone would differ here)."""
+    for var in list(os.environ):
+        if var.startswith("BATON_"):
+            monkeypatch.delenv(var)
+    assert Settings(_env_file=None).session_config() == SessionConfig()
 
 
 def test_env_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,7 +84,7 @@ def test_repr_hides_the_database_password() -> None:
 def test_importing_reads_no_settings_and_touches_no_disk(tmp_path: Path) -> None:
     """Importing the app, CLI and registry neither loads settings nor creates ./.baton."""
     code = (
-        "import api.app, baton.cli, baton.registry, baton.apply\n"
+        "import api.app, baton.cli, baton.agents.registry, baton.agents.apply\n"
         "from baton.settings import get_settings\n"
         "assert get_settings.cache_info().currsize == 0\n"
         "import os; assert not os.path.exists('.baton')\n"

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from baton.agents.spec import AgentSpec, check_tree_shape, parse_ref, spec_digest, with_paths
 from baton.errors import DuplicateAlias, TreeTooDeep, TreeTooLarge
-from baton.spec import AgentSpec, check_tree_shape, parse_ref, spec_digest, with_paths
 
 
 def deep_tree(levels: int) -> list[dict[str, Any]]:
@@ -183,7 +183,7 @@ def test_catastrophic_pattern_times_out_as_no_match() -> None:
     """A backtracking-heavy pattern is bounded in time and counts as not matching."""
     import time
 
-    from baton.spec import pattern_matches
+    from baton.agents.spec import pattern_matches
 
     started = time.monotonic()
     assert pattern_matches("(a+)+$", "a" * 40 + "!") is False

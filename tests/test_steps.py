@@ -14,11 +14,11 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import metering
 from baton.contracts import HandoffDecision, SessionConfig, StepInput, StepRetry
-from baton.db import StepRow, UsageRow, session_scope
 from baton.errors import TurnFailed
-from baton.launch import launch_step
+from baton.runs import metering
+from baton.runs.launch import launch_step
+from baton.storage.db import StepRow, UsageRow, session_scope
 from tests.helpers import TEST_CONFIG, launch, publish, transcript, wait_for
 from worker.factory import build_worker
 

@@ -10,10 +10,11 @@ from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import delegations, roster, teams
+from baton.agents import roster, teams
 from baton.contracts import Provenance, SessionConfig
-from baton.db import ChannelMemory, EventRow, session_scope
-from baton.launch import Launched, launch_session
+from baton.runs import run_tree
+from baton.runs.launch import Launched, launch_session
+from baton.storage.db import ChannelMemory, EventRow, session_scope
 from tests.helpers import TEST_CONFIG, launch, publish, transcript
 
 
@@ -102,7 +103,7 @@ async def test_team_run_fans_out_to_members_and_synthesises(
     assert "delegation_chunk" in kinds
     with session_scope(db_engine) as s:
         memories = s.exec(select(ChannelMemory).where(ChannelMemory.channel == "_team_desk")).all()
-        tree = delegations.trace(s, session_id=run.session_id)
+        tree = run_tree.trace(s, session_id=run.session_id)
     assert sorted(m.text for m in memories) == ["CHECKED", "WRITTEN"]
     assert sorted(c.agent for c in tree.children) == ["checker", "writer"]
     assert all(c.delegation and c.delegation["kind"] == "delegate_to" for c in tree.children)
@@ -147,7 +148,7 @@ async def test_team_route_sends_the_message_straight_to_the_member(
     assert [r for r, _ in roles] == ["user", "assistant", "tool", "assistant"]
     assert roles[1][1] == "(routed to checker by a team route)"
     with session_scope(db_engine) as s:
-        tree = delegations.trace(s, session_id=run.session_id)
+        tree = run_tree.trace(s, session_id=run.session_id)
     assert [(c.agent, c.delegation and c.delegation["kind"]) for c in tree.children] == [
         ("checker", "route")
     ]
@@ -204,7 +205,7 @@ async def test_cancelling_a_member_directly_reports_cancelled_to_the_root(
 ) -> None:
     """A member cancelled while it waits on a review: its review and its delegation are
     reported cancelled on the root's stream, and the lead's run goes on to an answer."""
-    from baton import launch as launch_mod
+    from baton.runs import launch as launch_mod
     from tests.helpers import status, wait_for
     from tests.xagent_helpers import caller_playbook, pending_review, reviews_of
 
@@ -221,5 +222,5 @@ async def test_cancelling_a_member_directly_reports_cancelled_to_the_root(
     done = {d["target_agent_id"]: d["status"] for k, d in log if k == "delegation_complete"}
     assert done == {"checker": "cancelled", "writer": "completed"}
     with session_scope(db_engine) as s:
-        tree = delegations.trace(s, session_id=run.session_id)
+        tree = run_tree.trace(s, session_id=run.session_id)
     assert {c.agent: c.delegation and c.delegation["status"] for c in tree.children} == done

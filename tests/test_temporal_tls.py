@@ -24,10 +24,10 @@ import trustme
 from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts import Provenance
-from baton.db import init_db, make_engine
 from baton.errors import EngineUnavailable, InvalidSettings
-from baton.launch import launch_session
+from baton.runs.launch import launch_session
 from baton.settings import Settings
+from baton.storage.db import init_db, make_engine
 from tests.conftest import migrated
 from tests.forwarder import Forwarder
 from tests.helpers import TEST_CONFIG, publish

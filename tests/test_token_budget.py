@@ -18,10 +18,16 @@ from sqlmodel import Session, select
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import delegations, metering
-from baton.db import DelegationRow, MessageRow, SessionRow, TokenReservationRow, session_scope
 from baton.errors import TurnFailed
-from baton.models import scripted_model
+from baton.providers.models import scripted_model
+from baton.runs import metering, run_tree
+from baton.storage.db import (
+    DelegationRow,
+    MessageRow,
+    SessionRow,
+    TokenReservationRow,
+    session_scope,
+)
 from tests.helpers import TEST_CONFIG, launch, publish
 from worker.factory import build_worker
 
@@ -61,7 +67,7 @@ def reserve(
     engine: Engine, message_id: str, *, budget: int, estimate: int, session_id: str = CHILD
 ) -> int:
     with session_scope(engine) as s:
-        return delegations.reserve_tokens(
+        return run_tree.reserve_tokens(
             s,
             root_session_id=ROOT,
             session_id=session_id,
@@ -74,7 +80,7 @@ def reserve(
 
 def reserved(engine: Engine) -> int:
     with session_scope(engine) as s:
-        return delegations.reserved_tokens(s, root_session_id=ROOT)
+        return run_tree.reserved_tokens(s, root_session_id=ROOT)
 
 
 def test_a_model_call_is_admitted_with_room_for_one_output_token_and_refused_without(
@@ -85,14 +91,14 @@ def test_a_model_call_is_admitted_with_room_for_one_output_token_and_refused_wit
     make_run(engine, used=100)
     assert reserve(engine, "m1", budget=200, estimate=99) == 1
     assert reserved(engine) == 100
-    with pytest.raises(delegations.BudgetExhausted, match=r"reserve 100 more"):
+    with pytest.raises(run_tree.BudgetExhausted, match=r"reserve 100 more"):
         reserve(engine, "m2", budget=200, estimate=1, session_id=ROOT)
 
 
 def test_a_model_call_whose_input_alone_fills_the_budget_is_refused(engine: Engine) -> None:
     """Used 100 of 200: a call estimated at 100 input tokens has no room for a reply."""
     make_run(engine, used=100)
-    with pytest.raises(delegations.BudgetExhausted, match=r"input alone is about 100"):
+    with pytest.raises(run_tree.BudgetExhausted, match=r"input alone is about 100"):
         reserve(engine, "m1", budget=200, estimate=100)
     assert reserved(engine) == 0
 
@@ -105,9 +111,9 @@ def test_a_delegation_is_admitted_one_below_the_budget_counting_reservations(
     make_run(engine, used=100)
     reserve(engine, "m1", budget=149, estimate=48)  # reserves 48 + 1
     with session_scope(engine) as s:
-        assert delegations.admit_tokens(s, root_session_id=ROOT, token_budget=150) == 1
-    with session_scope(engine) as s, pytest.raises(delegations.BudgetExhausted) as refused:
-        delegations.admit_tokens(s, root_session_id=ROOT, token_budget=149)
+        assert run_tree.admit_tokens(s, root_session_id=ROOT, token_budget=150) == 1
+    with session_scope(engine) as s, pytest.raises(run_tree.BudgetExhausted) as refused:
+        run_tree.admit_tokens(s, root_session_id=ROOT, token_budget=149)
     assert str(refused.value) == (
         "this run used 100 tokens (and model calls in flight reserve 49 more) of its "
         "token_budget 149"
@@ -122,7 +128,7 @@ def test_a_retried_call_gets_its_own_reservation_back(engine: Engine) -> None:
     assert reserve(engine, "m1", budget=100, estimate=60) == 50
     assert reserved(engine) == 100
     with session_scope(engine) as s:
-        left = delegations.admit_tokens(s, root_session_id=ROOT, token_budget=100, excluding="m1")
+        left = run_tree.admit_tokens(s, root_session_id=ROOT, token_budget=100, excluding="m1")
     assert left == 100
 
 
@@ -157,7 +163,7 @@ def test_a_reservation_never_settled_is_released_not_leaked(engine: Engine) -> N
     make_run(engine, used=0)
     reserve(engine, "m1", budget=1000, estimate=50)
     with session_scope(engine) as s:
-        assert delegations.release_tokens(s, session_id=CHILD) == 1
+        assert run_tree.release_tokens(s, session_id=CHILD) == 1
     assert reserved(engine) == 0
     reserve(engine, "m2", budget=100, estimate=50)
     assert reserved(engine) == 100
@@ -233,7 +239,7 @@ async def fan_out(temporal_env: WorkflowEnvironment, db_engine: Engine, worker: 
         with session_scope(db_engine) as s:
             root_id = s.exec(select(SessionRow.id).where(SessionRow.agent_slug == "fanner")).one()
     with session_scope(db_engine) as s:
-        used = delegations.run_tokens(s, root_session_id=root_id)
+        used = run_tree.run_tokens(s, root_session_id=root_id)
         edges = s.exec(select(DelegationRow).where(DelegationRow.root_session_id == root_id)).all()
         rows = s.exec(select(TokenReservationRow)).all()
         all_messages = s.exec(select(MessageRow)).all()

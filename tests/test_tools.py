@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.tools import ToolError, run_tool
+from baton.agents.tools import ToolError, run_tool
 
 ALL = ["calculator", "current_time", "word_count"]
 

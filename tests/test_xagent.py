@@ -9,9 +9,10 @@ from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import registry, sessions
+from baton.agents import registry
 from baton.contracts import SA_INVOKED_BY, SA_PARENT, SA_USER
-from baton.db import session_scope
+from baton.runs import session_store
+from baton.storage.db import session_scope
 from tests.conftest import venv_bin
 from tests.helpers import launch, publish, status, transcript, wait_for
 from tests.xagent_helpers import (
@@ -39,7 +40,7 @@ async def test_allowed_sync_invoke_returns_the_targets_reply(
     assert result["status"] == "completed"
     assert result["response"] == "target says hi"
     with session_scope(db_engine) as s:
-        target = sessions.get_session(s, session_id=result["session_id"])
+        target = session_store.get_session(s, session_id=result["session_id"])
     assert target.invoked_by_agent == "caller"
     assert target.name == "Invoked by caller"
     assert target.parent_session_id == launched.session_id

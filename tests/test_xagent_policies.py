@@ -25,11 +25,13 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.xagent import XAgentActivities
-from baton import policies, registry, sessions
+from baton.agents import registry
 from baton.contracts import OPERATION_OF, AuthorizeInput, AuthorizeResult, position
-from baton.db import session_scope
 from baton.errors import AgentNotFound
-from baton.launch import send_message
+from baton.grants import policies
+from baton.runs import session_store
+from baton.runs.launch import send_message
+from baton.storage.db import session_scope
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
 from tests.xagent_helpers import (
     add_session,
@@ -82,7 +84,7 @@ async def until_idle(client: Client, engine: Engine, session_id: str) -> None:
 def sessions_of(engine: Engine, agent: str) -> list[str]:
     """Ids of ``agent``'s sessions."""
     with session_scope(engine) as s:
-        rows, _ = sessions.list_sessions(s, agent=agent, limit=200)
+        rows, _ = session_store.list_sessions(s, agent=agent, limit=200)
         return [r.id for r in rows]
 
 
@@ -251,7 +253,7 @@ async def test_deny_is_a_tool_error_and_audited_as_denied_by_user(
     assert policy_rows(db_engine) == []
     assert sessions_of(db_engine, "target") == []
     with session_scope(db_engine) as s:
-        events = sessions.events_after(s, session_id=launched.session_id)
+        events = session_store.events_after(s, session_id=launched.session_id)
         flow = [(e.type, e.data) for e in events if e.type.startswith("review_")]
     assert flow == [
         (
@@ -924,10 +926,10 @@ def seed_transcript(engine: Engine, session_id: str, agent: str, status_: str) -
     long_args = {"expression": "1+" * 400 + "1"}
     with session_scope(engine) as s:
         common: dict[str, Any] = {"session_id": session_id, "agent_slug": agent}
-        sessions.add_message(
+        session_store.add_message(
             s, message_id="m1", position=position(1, 0, 0), role="user", text="compute", **common
         )
-        sessions.add_message(
+        session_store.add_message(
             s,
             message_id="m2",
             position=position(1, 1, 1),
@@ -936,7 +938,7 @@ def seed_transcript(engine: Engine, session_id: str, agent: str, status_: str) -
             tool_calls=[{"id": "c1", "name": "calculator", "args": long_args}],
             **common,
         )
-        sessions.add_message(
+        session_store.add_message(
             s,
             message_id="m3",
             position=position(1, 1, 2),
@@ -947,7 +949,7 @@ def seed_transcript(engine: Engine, session_id: str, agent: str, status_: str) -
             tool_args=long_args,
             **common,
         )
-        sessions.add_message(
+        session_store.add_message(
             s,
             message_id="m4",
             position=position(1, 2, 1),

@@ -18,10 +18,11 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton import registry, sessions
+from baton.agents import registry
 from baton.contracts import Provenance, SessionConfig, SessionInput, UserMessage
-from baton.db import session_scope
+from baton.runs import session_store
 from baton.settings import Settings
+from baton.storage.db import session_scope
 from tests.helpers import TEST_CONFIG, skip_to_timer_offset, status, wait_for
 from tests.xagent_helpers import (
     audit_rows,
@@ -54,7 +55,7 @@ async def start_caller(
     sid = f"session-{uuid.uuid4()}"
     with session_scope(engine) as s:
         version = registry.resolve_ref(s, ref="caller")[1].version
-        sessions.create_session(
+        session_store.create_session(
             s,
             session_id=sid,
             agent_slug="caller",
@@ -153,7 +154,7 @@ async def test_a_review_longer_than_the_idle_timeout_is_not_idle(
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
         assert await handle.result() == "idle"
         with session_scope(db_engine) as s:
-            stored = sessions.get_session(s, session_id=handle.id).resume_input
+            stored = session_store.get_session(s, session_id=handle.id).resume_input
         assert stored is not None and stored["input"]["turn"] == 1
         assert status(db_engine, handle.id) == "idle"
 
@@ -215,7 +216,7 @@ async def test_a_decision_before_the_default_timeout_wins(
 def sessions_messages(engine: Engine, session_id: str) -> list[str]:
     """Texts of the stored messages of a session, in order."""
     with session_scope(engine) as s:
-        return [m.text for m in sessions.messages(s, session_id=session_id)]
+        return [m.text for m in session_store.messages(s, session_id=session_id)]
 
 
 async def wait_for_query(handle: WorkflowHandle[Any, Any], query: str) -> None:

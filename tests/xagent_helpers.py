@@ -12,10 +12,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio.client import Client
 
-from baton import policies, sessions
-from baton import reviews as reviews_api
 from baton.contracts import Provenance, ReviewDecision
-from baton.db import (
+from baton.grants import policies
+from baton.permissions import reviews as reviews_api
+from baton.runs import session_store
+from baton.settings import DEV_REVIEW_KEY
+from baton.storage.db import (
     AuditRow,
     MessageRow,
     ReviewRow,
@@ -23,7 +25,6 @@ from baton.db import (
     XAgentPolicy,
     session_scope,
 )
-from baton.settings import DEV_REVIEW_KEY
 from tests.helpers import publish, wait_for
 
 
@@ -133,13 +134,13 @@ def policy_rows(engine: Engine) -> list[tuple[str, str | None, str, str]]:
 def tool_messages(engine: Engine, session_id: str) -> list[MessageRow]:
     """The ``tool`` messages (X-Agent results and errors) of a session, in order."""
     with session_scope(engine) as s:
-        return [m for m in sessions.messages(s, session_id=session_id) if m.role == "tool"]
+        return [m for m in session_store.messages(s, session_id=session_id) if m.role == "tool"]
 
 
 def session_row(engine: Engine, session_id: str) -> SessionRow:
     """The stored session row."""
     with session_scope(engine) as s:
-        return sessions.get_session(s, session_id=session_id)
+        return session_store.get_session(s, session_id=session_id)
 
 
 async def open_reviews(
@@ -188,7 +189,7 @@ def add_session(
     """Insert a session row of ``agent`` without running a workflow; returns its id."""
     sid = session_id or f"session-{uuid.uuid4()}"
     with session_scope(engine) as s:
-        row = sessions.create_session(
+        row = session_store.create_session(
             s,
             session_id=sid,
             agent_slug=agent,

@@ -25,12 +25,12 @@ from temporalio.service import TLSConfig
 from temporalio.worker import Interceptor, Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.delegation import DelegationActivities
+from activities.delegate import DelegationActivities
 from activities.external import ExternalActivities
 from activities.inquiry import InquiryActivities
 from activities.mcp_tools import McpToolActivities
-from activities.session import SessionActivities
 from activities.steps import StepActivities
+from activities.turns import SessionActivities
 from activities.xagent import XAgentActivities
 from baton import telemetry
 from baton.contracts import SEARCH_ATTRIBUTES

@@ -22,9 +22,9 @@ import uvicorn
 
 from baton import telemetry
 from baton.contracts import SEARCH_ATTRIBUTES
-from baton.db import make_engine
-from baton.migrate import require_current
 from baton.settings import Settings
+from baton.storage.db import make_engine
+from baton.storage.migrate import require_current
 from worker.factory import build_worker, connect, deployment_config
 
 log = logging.getLogger("baton.stack")
@@ -209,8 +209,6 @@ async def run_services(
     first, then the worker drains in-flight activities for up to
     ``worker_graceful_shutdown_s`` seconds (Temporal cancels what is still running).
     """
-    from api.app import create_app
-
     review_key = settings.review_key()  # before any connection: a bad secret stops the start
     engine = make_engine(settings.database_url)
     try:
@@ -239,6 +237,9 @@ async def run_services(
         )
     server = None
     if api_port is not None:
+        # Only a process that serves the API pays for importing it (`baton worker` does not).
+        from api.app import create_app
+
         config = uvicorn.Config(
             create_app(settings, temporal=client),
             host=api_host,

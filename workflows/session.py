@@ -10,7 +10,7 @@ A run that has been idle for ``config.idle_timeout_s`` stores the same carried s
 on the session row (``record_resume``) and completes, so RUNNING in Temporal means a
 turn, review or external call is in flight and an idle session holds no worker
 memory; the next message starts the next run under the same workflow id
-(update-with-start, :func:`baton.launch.deliver_update`). The workflow's current
+(update-with-start, :func:`baton.runs.launch.deliver_update`). The workflow's current
 details (Temporal UI) say what an operator wants to see now.
 """
 
@@ -28,10 +28,10 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from activities.delegation import DelegationActivities
+    from activities.delegate import DelegationActivities
     from activities.external import ExternalActivities
     from activities.mcp_tools import McpToolActivities
-    from activities.session import SessionActivities
+    from activities.turns import SessionActivities
     from activities.xagent import XAgentActivities
     from baton.contracts import (
         DELEGATION_TOOLS,
@@ -644,7 +644,7 @@ class SessionWorkflow:
             return await self._refuse(tool, "invalid_arguments", _problems(exc), audit=False)
         target: str | None = getattr(args, "slug", None)
         if isinstance(args, InvokeAgentArgs):
-            # The guards every cross-agent path passes (baton.permissions.decide runs them
+            # The guards every cross-agent path passes (baton.permissions.gate.decide runs them
             # again in `authorize`); refused here, no review and no policy is consulted.
             guard = cross_agent_guard(
                 via="invoke", caller=agent.slug, target=args.slug, invoked=self._invoked_turn
@@ -917,7 +917,7 @@ class SessionWorkflow:
                 offer = self._offer(agent)
                 member = self._inp.provenance.team_member
                 if not member and workflow.patched(PATCH_ONE_DECISION):
-                    # Seed 000's guards on every path (baton.permissions.decide runs them
+                    # Seed 000's guards on every path (baton.permissions.gate.decide runs them
                     # again in the `delegate` activity): audited, with the path it came by.
                     guard = cross_agent_guard(
                         via="delegate_to",

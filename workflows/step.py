@@ -22,8 +22,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.session import SessionActivities
     from activities.steps import StepActivities
+    from activities.turns import SessionActivities
     from baton.contracts import (
         INVALID_DELIVERABLE,
         DeliverableCheck,

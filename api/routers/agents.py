@@ -8,9 +8,8 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import Caller, CallerDep, SessionDep
 from api.problems import problem_responses
-from baton import auth, policies, registry
-from baton.contracts import ResolvedAgent
-from baton.schemas import (
+from baton.agents import registry
+from baton.agents.schemas import (
     MAX_OFFSET,
     MAX_VERSION,
     AgentCreate,
@@ -20,7 +19,9 @@ from baton.schemas import (
     RevisionPublic,
     VersionBody,
 )
-from baton.spec import SLUG_PATTERN, AgentSpec
+from baton.agents.spec import SLUG_PATTERN, AgentSpec
+from baton.contracts import ResolvedAgent
+from baton.grants import auth, policies
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
 

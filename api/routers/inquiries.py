@@ -20,13 +20,15 @@ from temporalio.client import Client, WorkflowFailureError
 
 from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
-from baton import inquiries, registry, voice
+from baton.agents import registry
+from baton.agents.schemas import Page
+from baton.agents.spec import REF_PATTERN, SafeText, parse_ref
 from baton.contracts import MAX_MESSAGE_CHARS, InquiryInput, InquiryResult
-from baton.db import session_scope
 from baton.errors import BatonError, EngineUnavailable
-from baton.schemas import Page
+from baton.providers import voice
+from baton.runs import inquiries
 from baton.settings import Settings
-from baton.spec import REF_PATTERN, SafeText, parse_ref
+from baton.storage.db import session_scope
 
 router = APIRouter(prefix="/v1/sessions", tags=["inquiries"])
 

@@ -6,7 +6,7 @@ for an open review and settles it exactly once. The API then reads the settled
 row: if its ``decision_id`` is this request's, the decision was applied (200);
 otherwise another decision or the timeout won and this one was too late (409).
 
-Every decision the API sends carries a proof (``baton.reviews.prove``, keyed with
+Every decision the API sends carries a proof (``baton.permissions.reviews.prove``, keyed with
 ``BATON_REVIEW_SECRET``) binding it to the authenticated user: the worker records
 it as that user. A raw Signal has none and is recorded as ``temporal (unverified)``.
 """
@@ -24,11 +24,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
-from baton import reviews
+from baton.agents.schemas import MAX_OFFSET, Page
 from baton.contracts import Decision, ReviewDecision
-from baton.db import session_scope
 from baton.errors import BatonError, EngineUnavailable
-from baton.schemas import MAX_OFFSET, Page
+from baton.permissions import reviews
+from baton.storage.db import session_scope
 
 router = APIRouter(prefix="/v1/reviews", tags=["reviews"])
 audit_router = APIRouter(prefix="/v1/audit", tags=["audit"])

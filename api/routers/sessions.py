@@ -25,15 +25,16 @@ from api.deps import (
 )
 from api.mcp import MCP_PATH
 from api.problems import problem_responses
-from baton import delegations, external, inquiries, launch, registry, sessions, teams
-from baton.auth import Forbidden, Role, Unauthorized
+from baton.agents import registry, teams
+from baton.agents.schemas import MAX_OFFSET, Page
+from baton.agents.spec import REF_PATTERN, SafeText, parse_ref
 from baton.contracts import MAX_MESSAGE_CHARS, Provenance, TeamSnapshot
-from baton.db import session_scope
 from baton.errors import BatonError
-from baton.external import ExternalIdentity
-from baton.schemas import MAX_OFFSET, Page
+from baton.grants.auth import Forbidden, Role, Unauthorized
+from baton.runs import external, inquiries, launch, run_tree, session_store
+from baton.runs.external import ExternalIdentity
 from baton.settings import Settings
-from baton.spec import REF_PATTERN, SafeText, parse_ref
+from baton.storage.db import session_scope
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -48,7 +49,7 @@ CLOSING = ("idle", "cancelled", "failed")
 def _require(engine: Engine, caller: Caller, role: Role, *, session_id: str) -> None:
     """ACL on the session's agent (auth mode); 404 for an unknown session either way."""
     with session_scope(engine) as s:
-        row = sessions.get_session(s, session_id=session_id)
+        row = session_store.get_session(s, session_id=session_id)
         caller.require(s, row.agent_slug, role)
 
 
@@ -184,7 +185,7 @@ class SessionAccepted(BaseModel):
     mcp_url: str | None = Field(default=None, description="External sessions: the MCP server.")
 
 
-class SessionDetail(sessions.SessionPublic):
+class SessionDetail(session_store.SessionPublic):
     """A session with its Temporal UI link."""
 
     workflow_url: str
@@ -326,7 +327,7 @@ def _ordinary_target(engine: Engine, caller: Caller, session_id: str, role: str)
     """404 / 403 (ACL) as before; an external session takes messages only with its proxy
     token (401); ``role: assistant`` is for external sessions only (409 not_external)."""
     with session_scope(engine) as s:
-        row = sessions.get_session(s, session_id=session_id)
+        row = session_store.get_session(s, session_id=session_id)
         caller.require(s, row.agent_slug, "user")
         if external.is_external(s, session_id=session_id):
             raise Unauthorized("an external session takes messages with its proxy token")
@@ -418,9 +419,9 @@ async def send_message(
     )
 
 
-def _public(engine: Engine, session_id: str) -> sessions.SessionPublic:
+def _public(engine: Engine, session_id: str) -> session_store.SessionPublic:
     with session_scope(engine) as s:
-        return sessions.to_public(sessions.get_session(s, session_id=session_id))
+        return session_store.to_public(session_store.get_session(s, session_id=session_id))
 
 
 @router.get("", responses=problem_responses(422), summary="List sessions")
@@ -430,12 +431,12 @@ def list_sessions(
     agent: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-) -> Page[sessions.SessionPublic]:
+) -> Page[session_store.SessionPublic]:
     """Sessions newest first, optionally of one agent."""
-    rows, total = sessions.list_sessions(
+    rows, total = session_store.list_sessions(
         session, agent=agent, limit=limit, offset=offset, agents=caller.visible(session)
     )
-    return Page(data=[sessions.to_public(r) for r in rows], count=total)
+    return Page(data=[session_store.to_public(r) for r in rows], count=total)
 
 
 @router.get("/{session_id}", responses=problem_responses(404, 422), summary="Get a session")
@@ -443,21 +444,21 @@ def get_session(
     session_id: SessionIdPath, session: SessionDep, settings: SettingsDep, caller: CallerDep
 ) -> SessionDetail:
     """Status, counters, provenance and the Temporal UI link."""
-    row = sessions.get_session(session, session_id=session_id)
+    row = session_store.get_session(session, session_id=session_id)
     caller.require(session, row.agent_slug, "viewer")
-    public = sessions.to_public(row)
+    public = session_store.to_public(row)
     return SessionDetail(**public.model_dump(), workflow_url=settings.workflow_url(session_id))
 
 
 @router.get("/{session_id}/transcript", responses=problem_responses(404, 422), summary="Transcript")
 def get_transcript(
     session_id: SessionIdPath, session: SessionDep, caller: CallerDep
-) -> sessions.Transcript:
+) -> session_store.Transcript:
     """Status line then messages; tool I/O summarised, thinking never stored."""
     caller.require(
-        session, sessions.get_session(session, session_id=session_id).agent_slug, "viewer"
+        session, session_store.get_session(session, session_id=session_id).agent_slug, "viewer"
     )
-    return sessions.transcript(session, session_id=session_id)
+    return session_store.transcript(session, session_id=session_id)
 
 
 @router.get(
@@ -465,12 +466,12 @@ def get_transcript(
 )
 def get_trace(
     session_id: SessionIdPath, session: SessionDep, caller: CallerDep
-) -> delegations.TraceNode:
+) -> run_tree.TraceNode:
     """The delegation tree under the session: each step's agent, status, tokens, cost and
     wall-clock, and subtree totals (seed 002, 'Team Run Trace')."""
-    row = sessions.get_session(session, session_id=session_id)
+    row = session_store.get_session(session, session_id=session_id)
     caller.require(session, row.agent_slug, "viewer")
-    return delegations.trace(session, session_id=session_id)
+    return run_tree.trace(session, session_id=session_id)
 
 
 @router.get(
@@ -510,8 +511,8 @@ async def stream_events(
         with session_scope(engine) as s:
             # Status first: a SQLite SELECT runs outside any snapshot, and a status
             # read after the events could see a cancel whose event the read missed.
-            state = sessions.get_session(s, session_id=session_id).status
-            rows = sessions.events_after(s, session_id=session_id, after=after_id)
+            state = session_store.get_session(s, session_id=session_id).status
+            rows = session_store.events_after(s, session_id=session_id, after=after_id)
             return [(r.id or 0, r.type, json.dumps(r.data)) for r in rows], state
 
     async def gen() -> AsyncIterator[ServerSentEvent]:

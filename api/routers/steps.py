@@ -17,13 +17,13 @@ from temporalio.service import RPCError
 
 from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.problems import problem_responses
-from baton import launch, metering, sessions
+from baton.agents.schemas import MAX_OFFSET, Page
+from baton.agents.spec import REF_PATTERN, SafeText, parse_ref
 from baton.contracts import HandoffDecision, StepInput, StepRetry
-from baton.db import StepRow, page, session_scope
-from baton.deliverables import check_output_schema
 from baton.errors import AdminOnly, Conflict, EngineUnavailable, NotFound
-from baton.schemas import MAX_OFFSET, Page
-from baton.spec import REF_PATTERN, SafeText, parse_ref
+from baton.runs import launch, metering, session_store
+from baton.runs.deliverables import check_output_schema
+from baton.storage.db import StepRow, page, session_scope
 
 router = APIRouter(prefix="/v1/steps", tags=["steps"])
 usage_router = APIRouter(prefix="/v1", tags=["usage"])
@@ -315,12 +315,12 @@ async def _after_decision(before: StepPublic, decision: HandoffDecision, load: A
 )
 def get_step_transcript(
     step_id: StepIdPath, session: SessionDep, caller: CallerDep
-) -> sessions.Transcript:
+) -> session_store.Transcript:
     """Every attempt's messages, oldest first (revision prompts and schema feedback
     included): the step stores them under its own id (issue 12, item 4)."""
     row = _get(session, step_id)
     caller.require(session, row.agent_slug, "viewer")
-    return sessions.transcript(session, session_id=step_id)
+    return session_store.transcript(session, session_id=step_id)
 
 
 @usage_router.get("/usage", responses=problem_responses(422), summary="Metered usage")

@@ -9,8 +9,8 @@ from sqlmodel import Session
 
 from api.deps import Caller, CallerDep, SessionDep
 from api.problems import problem_responses
-from baton import teams
-from baton.schemas import MAX_OFFSET, Page
+from baton.agents import teams
+from baton.agents.schemas import MAX_OFFSET, Page
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"], dependencies=[])
 

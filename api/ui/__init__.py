@@ -26,10 +26,14 @@ from sqlmodel import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import TOKEN_COOKIE, Caller, get_caller, require_same_origin
-from baton import auth, delegations, inquiries, registry, reviews, sessions, teams, voice
-from baton.auth import Unauthorized
-from baton.db import ReviewRow, session_scope
+from baton.agents import registry, teams
+from baton.grants import auth
+from baton.grants.auth import Unauthorized
+from baton.permissions import reviews
+from baton.providers import voice
+from baton.runs import inquiries, run_tree, session_store
 from baton.settings import Settings
+from baton.storage.db import ReviewRow, session_scope
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(
@@ -159,8 +163,8 @@ def home(request: Request, caller: UiCaller) -> HTMLResponse:
     """Sessions newest first, and the launcher."""
     engine = request.app.state.engine
     with session_scope(engine) as s:
-        rows, total = sessions.list_sessions(s, limit=50, agents=caller.visible(s))
-        listed = [sessions.to_public(r) for r in rows]
+        rows, total = session_store.list_sessions(s, limit=50, agents=caller.visible(s))
+        listed = [session_store.to_public(r) for r in rows]
         agents, teams_ = _catalog(s, caller)
     return _page(
         request,
@@ -244,7 +248,7 @@ def session_page(request: Request, session_id: str, caller: UiCaller) -> HTMLRes
         row = inquiries.readable_session(
             s, session_id=session_id, user=caller.user, auth_on=caller.auth
         )
-        public = sessions.to_public(row)
+        public = session_store.to_public(row)
         thread = [
             inquiries.to_public(i).model_dump(mode="json")
             for i in inquiries.thread(s, session_id=session_id, user=caller.user)
@@ -270,7 +274,7 @@ def trace_page(request: Request, session_id: str, caller: UiCaller) -> HTMLRespo
     'Team Run Trace')."""
     with session_scope(request.app.state.engine) as s:
         inquiries.readable_session(s, session_id=session_id, user=caller.user, auth_on=caller.auth)
-        tree = delegations.trace(s, session_id=session_id).model_dump(mode="json")
+        tree = run_tree.trace(s, session_id=session_id).model_dump(mode="json")
     return _page(request, "trace.html", caller, tree=tree, session_id=session_id)
 
 

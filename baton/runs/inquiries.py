@@ -25,11 +25,18 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from sqlmodel import Session, col, select
 
-from baton import auth, delegations, sessions
-from baton.contracts import position
-from baton.db import DelegationRow, InquiryRow, InquiryStepRow, MessageRow, SessionRow, utcnow
 from baton.errors import BatonError, Conflict, NotFound
-from baton.sessions import HistoryItem
+from baton.grants import auth
+from baton.runs import run_tree, session_store
+from baton.runs.session_store import HistoryItem
+from baton.storage.db import (
+    DelegationRow,
+    InquiryRow,
+    InquiryStepRow,
+    MessageRow,
+    SessionRow,
+    utcnow,
+)
 
 #: Longest tool result handed back to the ambassador (characters): a long transcript is cut.
 MAX_TOOL_CHARS = 12_000
@@ -159,7 +166,7 @@ def readable_session(session: Session, *, session_id: str, user: str, auth_on: b
     """The session ``user`` may read: viewer on its agent in auth mode (DESIGN §8, read
     needs viewer). Raises SessionNotFound (404) or Forbidden (403). The one check every
     tool of the belt and the inquiry API call."""
-    row = sessions.get_session(session, session_id=session_id)
+    row = session_store.get_session(session, session_id=session_id)
     if auth_on:
         auth.require(session, user_id=user, agent=row.agent_slug, role="viewer")
     return row
@@ -236,11 +243,6 @@ def mark_sent(session: Session, *, inquiry_id: str, message_id: str) -> None:
 
 
 # --- the ambassador's own transcript ----------------------------------------------------
-
-
-def step_position(step: int, kind: int, index: int = 0) -> str:
-    """Sort key of an inquiry step (the session's message positions, turn 0)."""
-    return position(0, step, kind, index)
 
 
 def add_step(
@@ -362,7 +364,7 @@ def _turn_of(m: MessageRow) -> int:
 def list_conversations(session: Session, *, user: str, auth_on: bool) -> str:
     """The newest sessions the user may read, one a line."""
     agents = auth.accessible(session, user_id=user, role="viewer") if auth_on else None
-    rows, total = sessions.list_sessions(
+    rows, total = session_store.list_sessions(
         session, agent=None, limit=LIST_LIMIT, offset=0, agents=agents
     )
     lines = [f"{total} conversation(s); newest {len(rows)}:"]
@@ -374,10 +376,10 @@ def list_conversations(session: Session, *, user: str, auth_on: bool) -> str:
 
 def read_conversation(session: Session, *, session_id: str) -> str:
     """The transcript as the person would read it, turn by turn (tool output summarised)."""
-    row = sessions.get_session(session, session_id=session_id)
+    row = session_store.get_session(session, session_id=session_id)
     lines = [f"conversation {row.id} with agent {row.agent_slug} ({row.status}):"]
-    for m in sessions.messages(session, session_id=session_id):
-        text = sessions.summarise(m.text) if m.role == "tool" else m.text
+    for m in session_store.messages(session, session_id=session_id):
+        text = session_store.summarise(m.text) if m.role == "tool" else m.text
         calls = ", ".join(c["name"] for c in m.tool_calls or [])
         extra = f" [calls {calls}]" if calls else ""
         lines.append(f"turn {_turn_of(m)} · {_who(m)}: {text}{extra}")
@@ -387,15 +389,17 @@ def read_conversation(session: Session, *, session_id: str) -> str:
 def explore_conversation(session: Session, *, session_id: str, turn: int) -> str:
     """One turn: its messages, every tool call with its arguments and result, and the
     delegations it started (target, task, status, result)."""
-    msgs = [m for m in sessions.messages(session, session_id=session_id) if _turn_of(m) == turn]
+    msgs = [
+        m for m in session_store.messages(session, session_id=session_id) if _turn_of(m) == turn
+    ]
     if not msgs:
         raise BeltError(f"{session_id} has no turn {turn}")
     lines = [f"turn {turn} of {session_id}:"]
     for m in msgs:
         if m.role == "tool":
-            args = sessions.json_compact(m.tool_args) if m.tool_args is not None else ""
+            args = session_store.json_compact(m.tool_args) if m.tool_args is not None else ""
             state = "failed" if m.is_error else "ok"
-            lines.append(f"- tool {m.tool_name}({args}) {state}: {sessions.summarise(m.text)}")
+            lines.append(f"- tool {m.tool_name}({args}) {state}: {session_store.summarise(m.text)}")
         else:
             lines.append(f"- {_who(m)}: {m.text}")
     prefix = f"{session_id}:t{turn}:"
@@ -417,10 +421,10 @@ def explore_conversation(session: Session, *, session_id: str, turn: int) -> str
 
 def summarize_conversation(session: Session, *, session_id: str) -> str:
     """Who took part, what each delegation did, totals, and the last reply."""
-    row = sessions.get_session(session, session_id=session_id)
-    msgs = sessions.messages(session, session_id=session_id)
+    row = session_store.get_session(session, session_id=session_id)
+    msgs = session_store.messages(session, session_id=session_id)
     turns = max((_turn_of(m) for m in msgs), default=0)
-    tree = delegations.trace(session, session_id=session_id)
+    tree = run_tree.trace(session, session_id=session_id)
     team = f" in team {row.team}" if row.team else ""
     lines = [
         f"conversation {row.id}: agent {row.agent_slug}{team}, status {row.status}, "
@@ -432,7 +436,7 @@ def summarize_conversation(session: Session, *, session_id: str) -> str:
     ]
     first = next((m for m in msgs if m.role == "user"), None)
     if first is not None:
-        lines.append(f"the person asked: {sessions.summarise(first.text)}")
+        lines.append(f"the person asked: {session_store.summarise(first.text)}")
     stack = list(tree.children)
     while stack:
         node = stack.pop(0)

@@ -30,7 +30,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, infer_model
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
-from baton.spec import MAX_PROMPT_CHARS, PATTERN_TIMEOUT_S, PlaybookRule, pattern_matches
+from baton.agents.spec import MAX_PROMPT_CHARS, PATTERN_TIMEOUT_S, PlaybookRule, pattern_matches
 
 SCRIPTED = "scripted"
 

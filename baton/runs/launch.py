@@ -33,7 +33,7 @@ from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
-from baton import registry, sessions
+from baton.agents import registry
 from baton.contracts import (
     CLOSED_STATUSES,
     INVALID_PROMPT,
@@ -51,7 +51,6 @@ from baton.contracts import (
     UserMessage,
     initial_search_attributes,
 )
-from baton.db import SessionRow, StepRow, session_scope
 from baton.errors import (
     BatonError,
     EngineUnavailable,
@@ -62,6 +61,8 @@ from baton.errors import (
     TurnCancelled,
     TurnFailed,
 )
+from baton.runs import session_store
+from baton.storage.db import SessionRow, StepRow, session_scope
 
 WORKFLOW = "Session"
 UPDATE = "send_message"
@@ -91,7 +92,7 @@ class Launched:
 
 def _name(prompt: str) -> str:
     line = prompt.strip().splitlines()[0] if prompt.strip() else ""
-    return sessions.summarise(line, 80)
+    return session_store.summarise(line, 80)
 
 
 def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
@@ -126,7 +127,7 @@ async def reply_text(engine: Engine, outcome: TurnOutcome | None) -> str | None:
 def final_text(engine: Engine, message_id: str) -> str:
     """Full text of a stored message (claim-check: history holds only its id)."""
     with session_scope(engine) as s:
-        row = sessions.get_message(s, message_id=message_id)
+        row = session_store.get_message(s, message_id=message_id)
         return row.text if row else ""
 
 
@@ -169,7 +170,7 @@ async def launch_session(
             if existing is not None:
                 return existing.agent_slug, existing.agent_version
             if agent is not None:
-                row = sessions.create_session(
+                row = session_store.create_session(
                     s,
                     session_id=session_id,
                     agent_slug=agent.slug,
@@ -181,7 +182,7 @@ async def launch_session(
                 s.add(row)
                 return agent.slug, agent.version
             found, rev = registry.resolve_ref(s, ref=ref)
-            sessions.create_session(
+            session_store.create_session(
                 s,
                 session_id=session_id,
                 agent_slug=found.slug,
@@ -271,14 +272,14 @@ def _start_options(inp: SessionInput, *, task_queue: str, name: str) -> dict[str
 
 def _resume_point(engine: Engine, session_id: str) -> tuple[ResumePoint, str]:
     with session_scope(engine) as s:
-        return sessions.resume_input(s, session_id=session_id)
+        return session_store.resume_input(s, session_id=session_id)
 
 
 def _restart_options(point: ResumePoint, name: str) -> dict[str, Any]:
     """Start options of a session's next run: the same workflow id, attaching to a run
     another sender started meanwhile (USE_EXISTING), and allowed although a run of that
     id completed before (ALLOW_DUPLICATE). Closed sessions never get here: their status
-    is checked in the DB first (:func:`baton.sessions.resume_input`)."""
+    is checked in the DB first (:func:`baton.runs.session_store.resume_input`)."""
     return {
         "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
         "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -304,7 +305,7 @@ async def deliver_update(
     (API, ``baton`` CLI, delegations reusing a session) and an external session's MCP
     calls. A running run takes the Update as before. A run that completed idle
     answers NOT_FOUND; the next run then starts from the resume point in the DB
-    (:func:`baton.sessions.resume_input`) by update-with-start, so the Update lands
+    (:func:`baton.runs.session_store.resume_input`) by update-with-start, so the Update lands
     in its first workflow task, and two senders racing to restart it land in one run
     (USE_EXISTING; the second may be refused ``session_busy``, as for any run). An
     Update that reaches a run while its completing workflow task is in flight is
@@ -351,7 +352,7 @@ async def deliver_update(
 def session_status(engine: Engine, session_id: str) -> str:
     """The stored status of ``session_id``. Raises SessionNotFound."""
     with session_scope(engine) as s:
-        return sessions.get_session(s, session_id=session_id).status
+        return session_store.get_session(s, session_id=session_id).status
 
 
 async def _running(client: Client, session_id: str) -> bool | None:
@@ -395,17 +396,17 @@ async def send_message(
         # Mark the session running before the Update so that an SSE client following
         # `until=idle` right after this call never sees the previous turn's idle state.
         with session_scope(engine) as s:
-            row = sessions.get_session(s, session_id=session_id)
+            row = session_store.get_session(s, session_id=session_id)
             if row.status in CLOSED_STATUSES:
                 raise SessionClosed(f"session '{session_id}' is {row.status}")
             if row.status != "idle":
                 return False
-            sessions.set_status(s, session_id=session_id, status="running")
+            session_store.set_status(s, session_id=session_id, status="running")
             return True
 
     def restore_idle() -> None:
         with session_scope(engine) as s:
-            sessions.set_status(s, session_id=session_id, status="idle")
+            session_store.set_status(s, session_id=session_id, status="idle")
 
     # A sync caller waits for the reply itself: no SSE race to close, so skip the write.
     # An idempotent (delegation) send may be a retry of an Update that already finished:
@@ -542,7 +543,7 @@ async def launch_step(
                 )
             )
             # The step's transcript lives in a session row of the same id (claim-check).
-            sessions.create_session(
+            session_store.create_session(
                 s,
                 session_id=inp.step_id,
                 agent_slug=found.slug,

@@ -25,8 +25,8 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from baton.contracts import Decision, ReviewDecision
-from baton.db import AuditRow, ReviewRow, page, utcnow
 from baton.errors import Conflict, NotFound
+from baton.storage.db import AuditRow, ReviewRow, page, utcnow
 
 ReviewStatus = Literal["pending", "allowed", "denied", "timed_out", "cancelled"]
 AuditOutcome = Literal["allow", "block", "denied_by_user", "review_timeout"]

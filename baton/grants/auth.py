@@ -18,8 +18,8 @@ from typing import Literal, NamedTuple
 
 from sqlmodel import Session, col, select
 
-from baton.db import AgentAcl, ApiToken, User
 from baton.errors import BatonError, Conflict, NotFound
+from baton.storage.db import AgentAcl, ApiToken, User
 
 Role = Literal["viewer", "user", "owner"]
 ROLE_RANK: dict[str, int] = {"viewer": 1, "user": 2, "owner": 3}

@@ -504,11 +504,11 @@ def init_db(engine: Engine) -> None:
     For the CLI's database commands (``apply``, ``show``, ``users``, …) and tests:
     an empty database (a fresh SQLite file) is migrated to head with Alembic, as
     ``baton db upgrade`` would; an existing one is never changed here and must
-    already be at head. Raises :class:`baton.migrate.SchemaOutOfDate` (naming
+    already be at head. Raises :class:`baton.storage.migrate.SchemaOutOfDate` (naming
     ``baton db upgrade``) otherwise (issue 11: only ``baton db upgrade``,
     ``baton dev`` and ``baton demo`` migrate an existing database).
     """
-    from baton import migrate
+    from baton.storage import migrate
 
     if migrate.schema_state(engine).empty:
         migrate.upgrade(engine)

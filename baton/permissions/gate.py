@@ -37,7 +37,7 @@ from typing import Literal
 
 from sqlmodel import Session, select
 
-from baton import auth, policies, registry, roster
+from baton.agents import registry, roster
 from baton.contracts import (
     BLOCKED_BY_POLICY,
     TeamMemberSnapshot,
@@ -45,7 +45,8 @@ from baton.contracts import (
     Via,
     cross_agent_guard,
 )
-from baton.db import Agent, AgentLivePointer
+from baton.grants import auth, policies
+from baton.storage.db import Agent, AgentLivePointer
 
 Verdict = Literal["allow", "review", "refuse"]
 #: Refusal code for a path that would make an ambassador run (issue 15).

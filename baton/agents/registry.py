@@ -14,17 +14,17 @@ from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from baton import auth, policies
-from baton.contracts import CLOSED_STATUSES, ResolvedAgent, ResolvedNode
-from baton.db import (
-    Agent,
-    AgentDraft,
-    AgentLivePointer,
-    AgentRevision,
-    SessionRow,
-    page,
-    utcnow,
+from baton.agents.layers import LoadedRevision, Lookup, Resolver
+from baton.agents.schemas import AgentPublic, RevisionPublic
+from baton.agents.spec import (
+    AgentSpec,
+    check_tree_shape,
+    iter_tree,
+    parse_ref,
+    spec_digest,
+    with_paths,
 )
+from baton.contracts import CLOSED_STATUSES, ResolvedAgent, ResolvedNode
 from baton.errors import (
     AgentExists,
     AgentInUse,
@@ -37,15 +37,16 @@ from baton.errors import (
     InvalidSpec,
     RevisionNotFound,
 )
-from baton.resolver import LoadedRevision, Lookup, Resolver
-from baton.schemas import AgentPublic, RevisionPublic
-from baton.spec import (
-    AgentSpec,
-    check_tree_shape,
-    iter_tree,
-    parse_ref,
-    spec_digest,
-    with_paths,
+from baton.grants import auth, policies
+from baton.storage.db import (
+    Agent,
+    AgentDraft,
+    AgentLivePointer,
+    AgentRevision,
+    SessionRow,
+    TeamRow,
+    page,
+    utcnow,
 )
 
 
@@ -149,8 +150,8 @@ def revision_public(agent: Agent, rev: AgentRevision) -> RevisionPublic:
 def references(spec: AgentSpec, prefix: str = "") -> list[auth.Reference]:
     """The agents ``spec`` names, each with the role a user needs on it (auth mode).
 
-    ``extends`` needs :data:`baton.auth.EXTENDS_ROLE` (viewer), every subagent
-    node's ``agent``, at any depth, :data:`baton.auth.SUBAGENT_ROLE` (user); paths
+    ``extends`` needs :data:`baton.grants.auth.EXTENDS_ROLE` (viewer), every subagent
+    node's ``agent``, at any depth, :data:`baton.grants.auth.SUBAGENT_ROLE` (user); paths
     are under ``prefix`` (``spec.`` for a create body). Issue 10, item 4.
     """
     refs = []
@@ -336,7 +337,7 @@ def db_lookup(session: Session) -> Lookup:
 
 
 def resolve_agent(session: Session, *, ref: str, user: str | None = None) -> ResolvedAgent:
-    """The effective configuration of ``ref`` (see :mod:`baton.resolver`).
+    """The effective configuration of ``ref`` (see :mod:`baton.agents.layers`).
 
     With ``user`` (auth mode) the view is refused (Forbidden, 403) unless the
     user holds viewer on every agent whose content it folds in
@@ -497,7 +498,7 @@ def publish(session: Session, *, slug: str, user: str | None = None) -> tuple[Ag
     Publishing a retired agent brings it back. With ``user`` (auth mode) the
     references are ACL-checked (see :func:`_validate_as_live`). Raises
     AgentNotFound, Forbidden or any InvalidSpec (400) from
-    :func:`baton.resolver.Resolver.resolve`.
+    :func:`baton.agents.layers.Resolver.resolve`.
     """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
@@ -610,9 +611,14 @@ def dependents(session: Session, *, slug: str, live_only: bool = True) -> list[s
     ]
 
 
-def _refuse_if_used(session: Session, slug: str, action: str, *, live_only: bool) -> None:
-    from baton.teams import teams_using  # teams import the registry
+def teams_using(session: Session, *, slug: str) -> list[str]:
+    """Ids of teams that name ``slug`` as a member (here, not in ``teams``: teams import the
+    registry, and the registry asks this before it retires or deletes an agent)."""
+    rows = session.exec(select(TeamRow)).all()
+    return [r.id for r in rows if any(m.get("agent_id") == slug for m in r.members)]
 
+
+def _refuse_if_used(session: Session, slug: str, action: str, *, live_only: bool) -> None:
     in_teams = teams_using(session, slug=slug)
     if in_teams:
         msg = f"cannot {action} '{slug}': teams name it as a member: {', '.join(in_teams)}"

@@ -7,7 +7,7 @@ tree': "a manifest declaring it is now rejected").
 
 Shape bounds that need only the spec itself (tree depth and size, sibling
 aliases) are checked by :func:`check_tree_shape`; bounds that need other agents
-(``extends`` chains, references) by :mod:`baton.resolver`.
+(``extends`` chains, references) by :mod:`baton.agents.layers`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import time
 from sqlmodel import Session, col, select
 
 from baton.contracts import TeamSnapshot
-from baton.db import Agent, AgentLivePointer
+from baton.storage.db import Agent, AgentLivePointer
 
 #: The roster is read on every delegating model call: keep it for a few seconds.
 CACHE_S = 5.0
@@ -20,7 +20,7 @@ _cache: tuple[float, list[tuple[str, str]]] | None = None
 
 
 def _all(session: Session) -> list[tuple[str, str]]:
-    from baton import registry
+    from baton.agents import registry
     from baton.errors import BatonError
 
     global _cache

@@ -18,10 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sqlalchemy import delete as sa_delete
 from sqlmodel import Session, col, select
 
+from baton.agents import registry
+from baton.agents.spec import SLUG_PATTERN, SafeText, compile_pattern, pattern_matches
 from baton.contracts import TeamMemberSnapshot, TeamSnapshot
-from baton.db import Agent, ChannelMemory, TeamRow, page, utcnow
 from baton.errors import AgentNotFound, BatonError, Conflict, NotFound
-from baton.spec import SLUG_PATTERN, SafeText, compile_pattern, pattern_matches
+from baton.storage.db import Agent, ChannelMemory, TeamRow, page, utcnow
 
 TEAM_ID = r"^[a-z0-9][a-z0-9-]{0,62}$"
 MAX_MEMBERS = 32
@@ -169,8 +170,6 @@ def _public(row: TeamRow) -> TeamPublic:
 
 
 def _check_members(session: Session, team: TeamIn) -> None:
-    from baton import registry  # registry imports this module
-
     for i, member in enumerate(team.members):
         agent = session.exec(select(Agent).where(Agent.slug == member.agent_id)).first()
         if agent is None:
@@ -279,19 +278,11 @@ def delete_team(session: Session, *, team_id: str) -> None:
     session.flush()
 
 
-def teams_using(session: Session, *, slug: str) -> list[str]:
-    """Ids of teams that name ``slug`` as a member."""
-    rows = session.exec(select(TeamRow)).all()
-    return [r.id for r in rows if any(m.get("agent_id") == slug for m in r.members)]
-
-
 def snapshot(session: Session, *, team_id: str) -> TeamSnapshot:
     """The team as a run sees it, members pinned to their live revisions at launch.
 
     Raises TeamNotFound, and the registry's errors when a member cannot run.
     """
-    from baton import registry
-
     team = get_team(session, team_id=team_id)
     members = []
     for m in team.members:

@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 import contextvars
 import json
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
@@ -43,7 +42,23 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton import delegations, metering, registry, reviews, roster, sessions, telemetry
+from activities.outcomes import (
+    PREVIEW_CHARS,
+    heartbeating,
+    heartbeating_thread,
+    store_result,
+    stored_outcome,
+)
+from baton import telemetry
+from baton.agents import registry, roster
+from baton.agents.tools import (
+    ToolError,
+    delegate_to_tool,
+    offered_tools,
+    run_tool,
+    task_tool,
+    xagent_tools,
+)
 from baton.contracts import (
     BALANCE_EXHAUSTED,
     CLOSED_STATUSES,
@@ -63,9 +78,7 @@ from baton.contracts import (
     Usage,
     wire_tool_name,
 )
-from baton.db import MessageRow, session_scope
 from baton.errors import BatonError
-from baton.models import SCRIPTED, build_model, model_name
 from baton.payloads import (
     MAX_PAYLOAD_DEPTH,
     MAX_RESULT_BYTES,
@@ -73,17 +86,12 @@ from baton.payloads import (
     json_bytes,
     nesting_depth,
 )
-from baton.sessions import HistoryItem
-from baton.tools import (
-    ToolError,
-    delegate_to_tool,
-    offered_tools,
-    run_tool,
-    task_tool,
-    xagent_tools,
-)
+from baton.permissions import reviews
+from baton.providers.models import SCRIPTED, build_model, model_name
+from baton.runs import metering, run_tree, session_store
+from baton.runs.session_store import HistoryItem
+from baton.storage.db import MessageRow, session_scope
 
-PREVIEW_CHARS = 200
 AGENT_CACHE_SIZE = 4096
 T = TypeVar("T")
 CHUNK_FLUSH_S = 0.1
@@ -151,112 +159,6 @@ def to_model_messages(
     if pending:
         out.append(ModelRequest(parts=pending))
     return out
-
-
-def _beat_interval() -> float:
-    """Half the activity's heartbeat timeout in seconds (STYLE 5), 10 s without one."""
-    timeout = activity.info().heartbeat_timeout
-    return timeout.total_seconds() / 2 if timeout else 10.0
-
-
-@contextlib.asynccontextmanager
-async def heartbeating(details: Callable[[], tuple[Any, ...]] = tuple) -> AsyncIterator[None]:
-    """Heartbeat at half the heartbeat timeout while the body runs (even with no output).
-
-    ``details()`` is sent with each beat: what a retry on another worker reads back
-    from ``activity.info().heartbeat_details`` (model_turn: its provider failures).
-    """
-    interval = _beat_interval()
-
-    async def beat() -> None:
-        # The first beat waits an interval: a quick call then sends none at all.
-        while True:
-            await asyncio.sleep(interval)
-            activity.heartbeat(*details())
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-@contextlib.contextmanager
-def heartbeating_thread() -> Iterator[None]:
-    """:func:`heartbeating` for a sync activity: a thread beats while the body runs, so a
-    lost worker's tool call is retried after the heartbeat timeout, not its start-to-close
-    (issue 10, item 10). ``activity.heartbeat`` is thread-safe in sync activities; the
-    thread runs in a copy of the activity's context to find it."""
-    interval = _beat_interval()
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(interval):
-            activity.heartbeat()
-
-    thread = threading.Thread(
-        target=contextvars.copy_context().run, args=(beat,), name="baton-heartbeat", daemon=True
-    )
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def stored_outcome(s: Session, message_id: str) -> ToolOutcome | None:
-    """The result stored for ``message_id`` by an earlier attempt, if any."""
-    done = sessions.get_message(s, message_id=message_id)
-    if done is None:
-        return None
-    return ToolOutcome(message_id=done.id, ok=not done.is_error, preview=done.text[:PREVIEW_CHARS])
-
-
-def cancelled_outcome(tool: ToolMessage) -> ToolOutcome:
-    """The outcome of a tool call whose session closed before its result was written."""
-    return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
-
-
-def store_result(
-    s: Session, tool: ToolMessage, text: str, *, ok: bool, duration_ms: int | None = None
-) -> ToolOutcome:
-    """Store a tool call's result (or error) as the ``tool`` message the model will read,
-    and forward it to the run's root when the session runs a delegation.
-
-    Writes nothing once the session is cancelled or failed: a running activity learns of
-    a cancel only at its next heartbeat, and nothing may land after ``cancelled``.
-    """
-    if sessions.is_closed(s, session_id=tool.session_id):
-        return cancelled_outcome(tool)
-    sessions.add_message(
-        s,
-        message_id=tool.message_id,
-        session_id=tool.session_id,
-        position=tool.position,
-        role="tool",
-        agent_slug=tool.agent_slug,
-        text=text,
-        tool_name=tool.call.name,
-        tool_call_id=tool.call.id,
-        tool_args=tool.call.args,
-        is_error=not ok,
-    )
-    delegations.forward(
-        s,
-        tool.session_id,
-        "tool_result",
-        {
-            "tool": tool.call.name,
-            "tool_call_id": tool.call.id,
-            "content": text[:PREVIEW_CHARS],
-            "success": ok,
-            "duration_ms": duration_ms,
-        },
-    )
-    return ToolOutcome(message_id=tool.message_id, ok=ok, preview=text[:PREVIEW_CHARS])
 
 
 def _result_from(row: MessageRow) -> ModelTurnResult:
@@ -338,8 +240,8 @@ def estimate_input_tokens(
 ) -> int:
     """A request's input tokens before the provider counts them: its text (prompts, tool
     results, earlier replies and tool-call arguments) and its tool definitions at
-    :data:`~baton.metering.CHARS_PER_TOKEN` characters a token, plus
-    :data:`~baton.metering.REQUEST_OVERHEAD_TOKENS` for the request itself. The offline
+    :data:`~baton.runs.metering.CHARS_PER_TOKEN` characters a token, plus
+    :data:`~baton.runs.metering.REQUEST_OVERHEAD_TOKENS` for the request itself. The offline
     ``scripted`` model is metered a flat REQUEST_OVERHEAD_TOKENS per request (how
     pydantic-ai's FunctionModel counts a stream), so its estimate is exactly that.
 
@@ -435,7 +337,7 @@ class SessionActivities:
                 )
                 resolved = resolved.model_copy(update={"mcp_tools": tools})
             with session_scope(self._engine) as s:
-                row = sessions.get_session(s, session_id=inp.session_id)
+                row = session_store.get_session(s, session_id=inp.session_id)
                 row.resolved_agent = resolved.model_dump(mode="json")
                 s.add(row)
         except BatonError as exc:
@@ -450,7 +352,7 @@ class SessionActivities:
         self, inp: ModelTurnInput
     ) -> tuple[ModelTurnResult | None, Any, Any, list[tuple[str, str]], float | None]:
         with session_scope(self._engine) as s:
-            done = sessions.get_message(s, message_id=inp.assistant_message_id)
+            done = session_store.get_message(s, message_id=inp.assistant_message_id)
             if done is not None:
                 return _result_from(done), None, None, [], None
             balance = metering.get_balance(s)
@@ -465,16 +367,16 @@ class SessionActivities:
             if inp.token_budget is not None and inp.run_root is not None:
                 # A cheap early refusal (no lock); _reserve decides under the run's lock.
                 try:
-                    delegations.admit_tokens(
+                    run_tree.admit_tokens(
                         s,
                         root_session_id=inp.run_root,
                         token_budget=inp.token_budget,
                         excluding=inp.assistant_message_id,
                     )
-                except delegations.BudgetExhausted as exc:
+                except run_tree.BudgetExhausted as exc:
                     raise _over_budget(exc) from exc
             if inp.user_message_id and inp.user_text is not None:
-                sessions.add_message(
+                session_store.add_message(
                     s,
                     message_id=inp.user_message_id,
                     session_id=inp.session_id,
@@ -483,11 +385,11 @@ class SessionActivities:
                     agent_slug=inp.agent_slug,
                     text=inp.user_text,
                 )
-            sessions.set_status(s, session_id=inp.session_id, status="running")
+            session_store.set_status(s, session_id=inp.session_id, status="running")
             agent = self._agents.get(inp.session_id)
             if agent is None:
                 # A session's snapshot never changes once recorded: parse it once per worker.
-                row = sessions.get_session(s, session_id=inp.session_id)
+                row = session_store.get_session(s, session_id=inp.session_id)
                 agent = ResolvedAgent.model_validate(row.resolved_agent)
                 if len(self._agents) >= AGENT_CACHE_SIZE:
                     self._agents.pop(next(iter(self._agents)))
@@ -496,14 +398,20 @@ class SessionActivities:
             entries = (
                 roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []
             )
-            return None, agent, sessions.history(s, session_id=inp.session_id), entries, balance
+            return (
+                None,
+                agent,
+                session_store.history(s, session_id=inp.session_id),
+                entries,
+                balance,
+            )
 
     def _reserve(self, inp: ModelTurnInput, input_estimate: int) -> int:
         """Admit the call under the run's token_budget and reserve for it; its max_tokens."""
         assert inp.token_budget is not None and inp.run_root is not None
         try:
             with session_scope(self._engine) as s:
-                return delegations.reserve_tokens(
+                return run_tree.reserve_tokens(
                     s,
                     root_session_id=inp.run_root,
                     session_id=inp.session_id,
@@ -512,19 +420,19 @@ class SessionActivities:
                     input_estimate=input_estimate,
                     max_output=inp.max_output_tokens,
                 )
-        except delegations.BudgetExhausted as exc:
+        except run_tree.BudgetExhausted as exc:
             raise _over_budget(exc) from exc
 
     @staticmethod
     def _chunk_event(s: Session, inp: ModelTurnInput, text: str, attempt: int) -> None:
         data = {"message_id": inp.assistant_message_id, "text": text, "attempt": attempt}
-        sessions.append_event(s, session_id=inp.session_id, type="chunk", data=data)
+        session_store.append_event(s, session_id=inp.session_id, type="chunk", data=data)
 
     def _chunk(self, inp: ModelTurnInput, text: str, attempt: int) -> None:
         with session_scope(self._engine) as s:
-            if not sessions.is_closed(s, session_id=inp.session_id):
+            if not session_store.is_closed(s, session_id=inp.session_id):
                 self._chunk_event(s, inp, text, attempt)
-                delegations.forward(s, inp.session_id, "chunk", {"content": text})
+                run_tree.forward(s, inp.session_id, "chunk", {"content": text})
 
     def _persist(
         self,
@@ -538,7 +446,7 @@ class SessionActivities:
     ) -> None:
         """Store the reply (and the stream's last chunk) and meter it, in one transaction."""
         with session_scope(self._engine) as s:
-            if sessions.is_closed(s, session_id=inp.session_id):
+            if session_store.is_closed(s, session_id=inp.session_id):
                 return
             metering.record(
                 s,
@@ -552,15 +460,15 @@ class SessionActivities:
             )
             if last_chunk:
                 self._chunk_event(s, inp, last_chunk, attempt)
-                delegations.forward(s, inp.session_id, "chunk", {"content": last_chunk})
+                run_tree.forward(s, inp.session_id, "chunk", {"content": last_chunk})
             for call in calls:
-                delegations.forward(
+                run_tree.forward(
                     s,
                     inp.session_id,
                     "tool_call",
                     {"tool": call.name, "tool_call_id": call.id, "arguments": call.args},
                 )
-            sessions.add_message(
+            session_store.add_message(
                 s,
                 message_id=inp.assistant_message_id,
                 session_id=inp.session_id,
@@ -572,7 +480,7 @@ class SessionActivities:
                 usage=usage,
             )
             if not calls:
-                sessions.set_status(s, session_id=inp.session_id, status="idle")
+                session_store.set_status(s, session_id=inp.session_id, status="idle")
 
     def _cut(
         self,
@@ -586,7 +494,7 @@ class SessionActivities:
     ) -> None:
         """Meter a stream cut for the balance (estimated tokens) and flush its last text."""
         with session_scope(self._engine) as s:
-            if tail and not sessions.is_closed(s, session_id=inp.session_id):
+            if tail and not session_store.is_closed(s, session_id=inp.session_id):
                 self._chunk_event(s, inp, tail, attempt)
             metering.record(
                 s,
@@ -788,7 +696,7 @@ class SessionActivities:
     def record_failure(self, inp: TurnFailure) -> None:
         """Store a turn's failure as an ``error`` message; the session becomes ``final_status``."""
         with session_scope(self._engine) as s:
-            sessions.add_message(
+            session_store.add_message(
                 s,
                 message_id=inp.message_id,
                 session_id=inp.session_id,
@@ -798,27 +706,27 @@ class SessionActivities:
                 text=inp.error,
                 is_error=True,
             )
-            sessions.set_status(s, session_id=inp.session_id, status=inp.final_status)
+            session_store.set_status(s, session_id=inp.session_id, status=inp.final_status)
             # The failed call will never be metered: its token reservation is freed.
-            delegations.release_tokens(s, session_id=inp.session_id)
+            run_tree.release_tokens(s, session_id=inp.session_id)
 
     @activity.defn(name="record_resume")
     def record_resume(self, point: ResumePoint) -> None:
         """Store ``point`` (the input and queue of the session's next run) on its row:
         the run completes idle next and the next message starts the next run from there
-        (issue 12, item 2; :func:`baton.launch.deliver_update`). Idempotent; a closed
+        (issue 12, item 2; :func:`baton.runs.launch.deliver_update`). Idempotent; a closed
         session is left alone."""
         with session_scope(self._engine) as s:
-            sessions.set_resume_input(s, point=point)
+            session_store.set_resume_input(s, point=point)
 
     @activity.defn(name="set_status")
     def set_status(self, inp: StatusChange) -> None:
         """Record a session status change (and its event)."""
         with session_scope(self._engine) as s:
-            sessions.set_status(s, session_id=inp.session_id, status=inp.status)
+            session_store.set_status(s, session_id=inp.session_id, status=inp.status)
             if inp.status in CLOSED_STATUSES:
-                delegations.release_tokens(s, session_id=inp.session_id)
+                run_tree.release_tokens(s, session_id=inp.session_id)
                 for row in reviews.close_pending(s, session_id=inp.session_id, by=inp.status):
                     # The session's own stream has ended; a run root still open hears of it.
                     forwarded = reviews.resolved_event(row)
-                    delegations.forward(s, inp.session_id, "review_resolved", forwarded)
+                    run_tree.forward(s, inp.session_id, "review_resolved", forwarded)

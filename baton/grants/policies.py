@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
 from baton.contracts import SLUG_PATTERN
-from baton.db import Agent, XAgentPolicy, utcnow
 from baton.errors import AgentNotFound, BatonError
+from baton.storage.db import Agent, XAgentPolicy, utcnow
 
 PolicyValue = Literal["allow", "review", "block"]
 Verdict = Literal["allow", "review", "block"]

@@ -13,7 +13,6 @@ running cost would take the balance below zero.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Literal
 
@@ -24,8 +23,10 @@ from sqlalchemy import update as sa_update
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
-from baton import delegations, telemetry
-from baton.db import BalanceRow, UsageRow, utcnow
+from baton import telemetry
+from baton.runs import run_tree
+from baton.runs.costs import sum_costs
+from baton.storage.db import BalanceRow, UsageRow, utcnow
 
 #: Characters per token when a stream's output must be estimated before the provider
 #: reports usage (cutting a stream cannot wait for the final count).
@@ -98,19 +99,6 @@ _COLUMN = {
 }
 
 
-def sum_costs(costs: Iterable[float | None]) -> float | None:
-    """The total cost (USD) of model calls, or None when any one's cost is unknown (no
-    price known for its model): a partial sum would read as a real, too-low figure.
-    The rule of every total Baton shows: ``GET /v1/usage``, the trace (issue 12, item 7).
-    """
-    total = 0.0
-    for cost in costs:
-        if cost is None:
-            return None
-        total += cost
-    return total
-
-
 def price_cost(
     prices: dict[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int
 ) -> float | None:
@@ -163,7 +151,7 @@ def record(
     if session.exec(select(UsageRow.id).where(UsageRow.message_id == message_id)).first():
         return False
     # The call's token_budget reservation becomes its usage in this same transaction.
-    delegations.settle_tokens(
+    run_tree.settle_tokens(
         session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
     )
     now = utcnow()

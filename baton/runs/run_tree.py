@@ -16,8 +16,9 @@ from sqlalchemy import func
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
-from baton import sessions
-from baton.db import DelegationRow, MessageRow, SessionRow, TokenReservationRow, utcnow
+from baton.runs import session_store
+from baton.runs.costs import sum_costs
+from baton.storage.db import DelegationRow, MessageRow, SessionRow, TokenReservationRow, utcnow
 
 PREVIEW_CHARS = 300
 #: Cached delegation context per child session: (root, delegation id, target slug).
@@ -57,14 +58,14 @@ def start(
         depth=depth,
     )
     session.add(row)
-    sessions.append_event(
+    session_store.append_event(
         session,
         session_id=root_session_id,
         type="delegation_start",
         data={
             "delegation_id": delegation_id,
             "target_agent_id": target,
-            "task": sessions.summarise(task, PREVIEW_CHARS),
+            "task": session_store.summarise(task, PREVIEW_CHARS),
             "depth": depth,
             "kind": kind,
             "caller_agent_id": caller,
@@ -87,10 +88,10 @@ def finish(
         return
     row.status = status
     row.error = error
-    row.result_preview = sessions.summarise(result, PREVIEW_CHARS)
+    row.result_preview = session_store.summarise(result, PREVIEW_CHARS)
     row.finished_at = utcnow()
     session.add(row)
-    sessions.append_event(
+    session_store.append_event(
         session,
         session_id=row.root_session_id,
         type="delegation_complete",
@@ -110,7 +111,7 @@ def finish(
 def lock_run(session: Session, *, root_session_id: str) -> None:
     """Take the run's write lock until the transaction ends (its root session row), so
     concurrent delegations of one run check their limits one after another."""
-    sessions.lock_session(session, session_id=root_session_id)
+    session_store.lock_session(session, session_id=root_session_id)
 
 
 def context(session: Session, session_id: str) -> tuple[str, str, str] | None:
@@ -133,7 +134,7 @@ def forward(session: Session, session_id: str, kind: str, data: dict[str, Any]) 
     if ctx is None:
         return
     root, delegation_id, agent = ctx
-    sessions.append_event(
+    session_store.append_event(
         session,
         session_id=root,
         type=f"delegation_{kind}",
@@ -283,7 +284,7 @@ def settle_tokens(
     session: Session, *, message_id: str, input_tokens: int, output_tokens: int
 ) -> None:
     """Settle a model call's reservation to what it used, in the transaction that meters it
-    (:func:`baton.metering.record`), under the run's lock so an admission never sees
+    (:func:`baton.runs.metering.record`), under the run's lock so an admission never sees
     the tokens neither reserved nor used. No reservation (no budget): nothing to do."""
     row = session.get(TokenReservationRow, message_id)
     if row is None or row.settled_at is not None:
@@ -394,8 +395,6 @@ class TraceNode(BaseModel):
 
 
 def _usage(session: Session, session_id: str) -> StepUsage:
-    from baton import metering  # metering imports this module
-
     out = StepUsage()
     rows = session.exec(
         select(MessageRow.usage).where(
@@ -410,14 +409,12 @@ def _usage(session: Session, session_id: str) -> StepUsage:
         out.output_tokens += int(u.get("output_tokens", 0))
         out.wall_ms += int(u.get("wall_ms", 0))
     costs = [u.get("cost_usd") for u in rows if u and int(u.get("requests", 0))]
-    out.cost_usd = metering.sum_costs(float(c) if c is not None else None for c in costs)
+    out.cost_usd = sum_costs(float(c) if c is not None else None for c in costs)
     return out
 
 
 def _add(a: StepUsage, b: StepUsage) -> StepUsage:
-    from baton import metering  # metering imports this module
-
-    cost = metering.sum_costs([a.cost_usd, b.cost_usd])
+    cost = sum_costs([a.cost_usd, b.cost_usd])
     return StepUsage(
         requests=a.requests + b.requests,
         input_tokens=a.input_tokens + b.input_tokens,
@@ -438,7 +435,7 @@ def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -
     """
     seen = _seen if _seen is not None else set()
     seen.add(session_id)
-    row = sessions.get_session(session, session_id=session_id)  # the root must exist
+    row = session_store.get_session(session, session_id=session_id)  # the root must exist
     own = _usage(session, session_id)
     node = TraceNode(
         session_id=row.id,
@@ -460,7 +457,7 @@ def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -
             "caller": edge.caller_agent_slug,
             "target": edge.target_agent_slug,
             "alias": edge.alias,
-            "task": sessions.summarise(edge.task, PREVIEW_CHARS),
+            "task": session_store.summarise(edge.task, PREVIEW_CHARS),
             "depth": edge.depth,
             "status": edge.status,
             "error": edge.error,

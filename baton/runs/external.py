@@ -6,7 +6,7 @@ the host resolves which agent is calling, applies the policies and performs the
 operation on the caller's behalf. In Baton an external session is a
 SessionWorkflow (``Provenance.external``) in which no model turn runs; its proxy
 token is bound to that session and its agent, stored as a SHA-256 digest like an
-API token (:mod:`baton.auth`), acts with the session owner's roles, and stops
+API token (:mod:`baton.grants.auth`), acts with the session owner's roles, and stops
 working when the session is cancelled or fails, when it is reissued or when it
 expires. Every MCP tool call is the Update ``external_tool_call`` on the session's
 workflow, which runs it through the same guard → authorize → review → operation
@@ -31,8 +31,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateS
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from baton import launch, registry, sessions
-from baton.auth import Unauthorized, _digest
+from baton.agents import registry
 from baton.contracts import (
     CLOSED_STATUSES,
     EXTERNAL_MESSAGE,
@@ -49,8 +48,10 @@ from baton.contracts import (
     ToolOutcome,
     initial_search_attributes,
 )
-from baton.db import ProxyTokenRow, SessionRow, session_scope, utcnow
 from baton.errors import BatonError, Conflict, EngineUnavailable, SessionClosed
+from baton.grants.auth import Unauthorized, _digest
+from baton.runs import launch, session_store
+from baton.storage.db import ProxyTokenRow, SessionRow, session_scope, utcnow
 
 #: Proxy tokens are recognisable (and never mistaken for API tokens, ``baton_…``).
 PROXY_PREFIX = "baton_px_"
@@ -101,7 +102,7 @@ def issue_proxy_token(
     reissue, ``baton mcp token``, cuts off a leaked one). Raises SessionNotFound,
     SessionClosed (the session is cancelled or failed).
     """
-    row = sessions.get_session(s, session_id=session_id)
+    row = session_store.get_session(s, session_id=session_id)
     if row.status in CLOSED_STATUSES:
         raise SessionClosed(f"session '{session_id}' is {row.status}", session_id=session_id)
     revoke_proxy_tokens(s, session_id=session_id)
@@ -205,7 +206,7 @@ async def open_external_session(
     def record() -> tuple[str, int, str, datetime | None]:
         with session_scope(engine) as s:
             found, rev = registry.resolve_ref(s, ref=ref)
-            sessions.create_session(
+            session_store.create_session(
                 s,
                 session_id=session_id,
                 agent_slug=found.slug,
@@ -213,7 +214,7 @@ async def open_external_session(
                 provenance=prov,
                 name=name or f"External · {found.slug}",
             )
-            sessions.set_status(s, session_id=session_id, status="idle")
+            session_store.set_status(s, session_id=session_id, status="idle")
             row, plain = issue_proxy_token(s, session_id=session_id, expires_in_s=token_ttl_s)
             return found.slug, rev.version, plain, row.expires_at
 
@@ -253,7 +254,7 @@ async def open_external_session(
 
 
 def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
-    """The external Updates' own refusals; the rest as :func:`baton.launch._update_error`."""
+    """The external Updates' own refusals; the rest as :func:`baton.runs.launch._update_error`."""
     cause = exc.cause
     kind = cause.type if isinstance(cause, ApplicationError) else None
     message = str(cause.message) if isinstance(cause, ApplicationError) else str(cause)

@@ -7,7 +7,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from baton.spec import AgentSpec, SafeText, Slug
+from baton.agents.spec import AgentSpec, SafeText, Slug
 
 #: Versions fit a PostgreSQL integer with room to spare (and a 9-digit `slug@N`).
 MAX_VERSION = 999_999_999

@@ -25,6 +25,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from baton.agents.spec import (
+    MAX_INHERITANCE_LINKS,
+    AgentSpec,
+    SubagentNode,
+    check_tree_shape,
+    with_paths,
+)
 from baton.contracts import (
     McpServerRef,
     ResolvedAgent,
@@ -33,13 +40,6 @@ from baton.contracts import (
     ResolvedNode,
 )
 from baton.errors import BatonError, InheritanceCycle, InheritanceTooDeep, UnknownAgent
-from baton.spec import (
-    MAX_INHERITANCE_LINKS,
-    AgentSpec,
-    SubagentNode,
-    check_tree_shape,
-    with_paths,
-)
 
 
 @dataclass(frozen=True)

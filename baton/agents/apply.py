@@ -25,7 +25,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlmodel import Session
 
-from baton import registry, teams
+from baton.agents import registry, teams
+from baton.agents.schemas import AgentCreate
+from baton.agents.spec import parse_ref
+from baton.agents.teams import TeamIn
 from baton.errors import (
     AgentNotFound,
     BatonError,
@@ -33,9 +36,6 @@ from baton.errors import (
     spec_error,
     validation_entries,
 )
-from baton.schemas import AgentCreate
-from baton.spec import parse_ref
-from baton.teams import TeamIn
 
 
 class ApplyFile(BaseModel):

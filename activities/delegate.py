@@ -24,9 +24,10 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.client import Client
 
-from activities.session import cancelled_outcome, heartbeating, store_result, stored_outcome
+from activities.outcomes import cancelled_outcome, heartbeating, store_result, stored_outcome
 from activities.xagent import SessionNotContinuable, SessionOfOtherAgent, refuse
-from baton import delegations, launch, permissions, registry, sessions, teams, telemetry
+from baton import telemetry
+from baton.agents import registry, teams
 from baton.contracts import (
     CLOSED_STATUSES,
     LIMIT_EXCEEDED,
@@ -42,8 +43,10 @@ from baton.contracts import (
     ToolMessage,
     ToolOutcome,
 )
-from baton.db import DelegationRow, SessionRow, session_scope
 from baton.errors import BatonError, EngineUnavailable, TurnCancelled
+from baton.permissions import gate
+from baton.runs import launch, run_tree, session_store
+from baton.storage.db import DelegationRow, SessionRow, session_scope
 
 #: Longest inline reply a delegation returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
@@ -54,7 +57,7 @@ DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
 class Refused(Exception):
     """A delegation refused before its child starts: ``code: message`` for the model.
 
-    ``decision`` is set when :func:`baton.permissions.decide` refused it, so that the
+    ``decision`` is set when :func:`baton.permissions.gate.decide` refused it, so that the
     refusal is audited (as a block, with the path it came by) where it is stored.
     """
 
@@ -62,7 +65,7 @@ class Refused(Exception):
         self,
         code: str,
         message: str,
-        decision: permissions.Decision | None = None,
+        decision: gate.Decision | None = None,
         target: str | None = None,
     ) -> None:
         super().__init__(f"{code}: {message}")
@@ -127,7 +130,7 @@ def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
             LIMIT_EXCEEDED,
             f"nesting depth {inp.depth} exceeds the runtime ceiling {cfg.runtime_depth_ceiling}",
         )
-    if delegations.run_spawns(session, root_session_id=root) >= cfg.max_run_sessions:
+    if run_tree.run_spawns(session, root_session_id=root) >= cfg.max_run_sessions:
         raise Refused(
             LIMIT_EXCEEDED,
             f"this run already started {cfg.max_run_sessions} sessions (the deployment's "
@@ -139,7 +142,7 @@ def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
             LIMIT_EXCEEDED, f"nesting depth {inp.depth} exceeds max_depth {limits.max_depth}"
         )
     if limits.max_spawns is not None:
-        spawned = delegations.run_spawns(session, root_session_id=root)
+        spawned = run_tree.run_spawns(session, root_session_id=root)
         if spawned >= limits.max_spawns:
             raise Refused(
                 LIMIT_EXCEEDED,
@@ -148,10 +151,8 @@ def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
     if limits.token_budget is not None:
         # Used + reserved by model calls in flight (issue 10 item 6): the one budget rule.
         try:
-            delegations.admit_tokens(
-                session, root_session_id=root, token_budget=limits.token_budget
-            )
-        except delegations.BudgetExhausted as exc:
+            run_tree.admit_tokens(session, root_session_id=root, token_budget=limits.token_budget)
+        except run_tree.BudgetExhausted as exc:
             raise Refused(LIMIT_EXCEEDED, str(exc)) from exc
 
 
@@ -162,7 +163,7 @@ def _with_memories(session: Session, team: TeamSnapshot, task: str) -> str:
     if not found:
         return task
     lines = "\n".join(
-        f"- [{m.agent_slug}] {sessions.summarise(m.text, teams.MEMORY_CHARS)}" for m in found
+        f"- [{m.agent_slug}] {session_store.summarise(m.text, teams.MEMORY_CHARS)}" for m in found
     )
     block = f"\n\nRelevant memories from the team's shared channel:\n{lines}"
     room = MAX_MESSAGE_CHARS - len(task)
@@ -182,7 +183,7 @@ class DelegationActivities:
         root = inp.root_session_id or inp.caller_session_id
         with session_scope(self._engine) as s:
             if inp.kind == "invoke" and inp.session_id is not None:
-                row = sessions.get_session(s, session_id=inp.session_id)
+                row = session_store.get_session(s, session_id=inp.session_id)
                 if row.agent_slug != inp.target:
                     raise SessionOfOtherAgent(
                         f"session '{row.id}' is a session of '{row.agent_slug}', not '{inp.target}'"
@@ -197,7 +198,7 @@ class DelegationActivities:
             ref = inp.target
             prompt = inp.prompt
             if inp.kind == "task":
-                caller_row = sessions.get_session(s, session_id=inp.caller_session_id)
+                caller_row = session_store.get_session(s, session_id=inp.caller_session_id)
                 parent = ResolvedAgent.model_validate(caller_row.resolved_agent)
                 agent = child_agent(s, parent, inp.alias or "")
                 ref = agent.pin
@@ -205,9 +206,9 @@ class DelegationActivities:
             # One decision for every path (guards, membership or roster, ACL, policy). For
             # invoke_agent `authorize` decided (and maybe reviewed) already; deciding again
             # here catches an ACL revoked or a block stored while the review waited.
-            decision = permissions.decide(
+            decision = gate.decide(
                 s,
-                permissions.Request(
+                gate.Request(
                     caller=caller,
                     operation="invoke",
                     target=target_slug,
@@ -227,9 +228,9 @@ class DelegationActivities:
             if existing is None:
                 # Serialise this run's delegations: count-then-insert must not interleave, or
                 # parallel delegate_to calls could all pass max_spawns / token_budget.
-                delegations.lock_run(s, root_session_id=root)
+                run_tree.lock_run(s, root_session_id=root)
                 _check_limits(s, inp, root)
-            delegations.start(
+            run_tree.start(
                 s,
                 delegation_id=inp.delegation_id,
                 root_session_id=root,
@@ -356,14 +357,14 @@ class DelegationActivities:
         return await asyncio.to_thread(self._store, tool, text, True, inp, reply, sync)
 
     def _refused(
-        self, tool: ToolMessage, decision: permissions.Decision, target: str | None, via: str
+        self, tool: ToolMessage, decision: gate.Decision, target: str | None, via: str
     ) -> ToolOutcome:
         """Store a refusal of the permission decision, audited with the path it came by."""
         with session_scope(self._engine) as s:
             done = stored_outcome(s, tool.message_id)
             if done is not None:
                 return done
-            if sessions.is_closed(s, session_id=tool.session_id):
+            if session_store.is_closed(s, session_id=tool.session_id):
                 return cancelled_outcome(tool)
             return refuse(s, tool, decision, "invoke", target, via)
 
@@ -386,15 +387,15 @@ class DelegationActivities:
             done = stored_outcome(s, tool.message_id)
             if done is not None:
                 return done
-            if sessions.is_closed(s, session_id=tool.session_id):
+            if session_store.is_closed(s, session_id=tool.session_id):
                 # The caller was cancelled (its cascade cancelled the child, which is why we
                 # got here): nothing reaches its transcript any more.
                 if inp is not None:
-                    delegations.finish(s, delegation_id=inp.delegation_id, status="cancelled")
+                    run_tree.finish(s, delegation_id=inp.delegation_id, status="cancelled")
                 return cancelled_outcome(tool)
             if inp is not None and finished:
                 status = "completed" if ok else "cancelled" if cancelled else "failed"
-                delegations.finish(
+                run_tree.finish(
                     s,
                     delegation_id=inp.delegation_id,
                     status=status,
@@ -421,7 +422,7 @@ class DelegationActivities:
         session's model later sees the call and its result and synthesises.
         """
         with session_scope(self._engine) as s:
-            stored = sessions.get_message(s, message_id=inp.route_message_id)
+            stored = session_store.get_message(s, message_id=inp.route_message_id)
             if stored is not None:  # a retry after the write
                 call = ToolCall.model_validate((stored.tool_calls or [])[0])
                 kind = "route" if ROUTED_BY_TEAM in stored.text else "mention"
@@ -433,7 +434,7 @@ class DelegationActivities:
             call = ToolCall(
                 id=inp.call_id, name="delegate_to", args={"agent_id": target, "task": inp.prompt}
             )
-            sessions.add_message(
+            session_store.add_message(
                 s,
                 message_id=inp.user_message_id,
                 session_id=inp.session_id,
@@ -442,7 +443,7 @@ class DelegationActivities:
                 agent_slug=inp.agent_slug,
                 text=inp.prompt,
             )
-            sessions.add_message(
+            session_store.add_message(
                 s,
                 message_id=inp.route_message_id,
                 session_id=inp.session_id,
@@ -464,14 +465,14 @@ class DelegationActivities:
 
         def open_children() -> list[str]:
             with session_scope(self._engine) as s:
-                ids = delegations.descendants(s, session_id=session_id)
+                ids = run_tree.descendants(s, session_id=session_id)
                 rows = [s.get(SessionRow, i) for i in ids]
                 # A child whose launch failed has no session: nothing to cancel there.
                 return [r.id for r in rows if r is not None and r.status not in CLOSED_STATUSES]
 
         def record_cancelled() -> None:
             with session_scope(self._engine) as s:
-                delegations.cancel_open(s, session_id=session_id)
+                run_tree.cancel_open(s, session_id=session_id)
 
         targets = await asyncio.to_thread(open_children)
         for child in targets:

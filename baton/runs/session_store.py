@@ -23,8 +23,8 @@ from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from baton.contracts import CLOSED_STATUSES, Provenance, ResumePoint, SessionStatus, Usage
-from baton.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
 from baton.errors import SessionClosed, SessionNotFound
+from baton.storage.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
 
 SUMMARY_CHARS = 300
 Role = Literal["user", "assistant", "tool", "error"]

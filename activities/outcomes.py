@@ -1,0 +1,132 @@
+"""Outcomes every activity records the same way: a tool call's result stored once as the
+``tool`` message the model reads (and forwarded to the run's root), the outcome an earlier
+attempt stored, and heartbeats while a body runs.
+
+Shared by the model-turn, cross-agent, delegation, MCP and inquiry activities, so it
+imports none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from sqlmodel import Session
+from temporalio import activity
+
+from baton.contracts import ToolMessage, ToolOutcome
+from baton.runs import run_tree, session_store
+
+#: Characters of a result kept in the ToolOutcome the workflow sees (the full text is in
+#: the transcript: claim-check).
+PREVIEW_CHARS = 200
+
+
+def _beat_interval() -> float:
+    """Half the activity's heartbeat timeout in seconds (STYLE 5), 10 s without one."""
+    timeout = activity.info().heartbeat_timeout
+    return timeout.total_seconds() / 2 if timeout else 10.0
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(details: Callable[[], tuple[Any, ...]] = tuple) -> AsyncIterator[None]:
+    """Heartbeat at half the heartbeat timeout while the body runs (even with no output).
+
+    ``details()`` is sent with each beat: what a retry on another worker reads back
+    from ``activity.info().heartbeat_details`` (model_turn: its provider failures).
+    """
+    interval = _beat_interval()
+
+    async def beat() -> None:
+        # The first beat waits an interval: a quick call then sends none at all.
+        while True:
+            await asyncio.sleep(interval)
+            activity.heartbeat(*details())
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.contextmanager
+def heartbeating_thread() -> Iterator[None]:
+    """:func:`heartbeating` for a sync activity: a thread beats while the body runs, so a
+    lost worker's tool call is retried after the heartbeat timeout, not its start-to-close
+    (issue 10, item 10). ``activity.heartbeat`` is thread-safe in sync activities; the
+    thread runs in a copy of the activity's context to find it."""
+    interval = _beat_interval()
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            activity.heartbeat()
+
+    thread = threading.Thread(
+        target=contextvars.copy_context().run, args=(beat,), name="baton-heartbeat", daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def stored_outcome(s: Session, message_id: str) -> ToolOutcome | None:
+    """The result stored for ``message_id`` by an earlier attempt, if any."""
+    done = session_store.get_message(s, message_id=message_id)
+    if done is None:
+        return None
+    return ToolOutcome(message_id=done.id, ok=not done.is_error, preview=done.text[:PREVIEW_CHARS])
+
+
+def cancelled_outcome(tool: ToolMessage) -> ToolOutcome:
+    """The outcome of a tool call whose session closed before its result was written."""
+    return ToolOutcome(message_id=tool.message_id, ok=False, preview="cancelled")
+
+
+def store_result(
+    s: Session, tool: ToolMessage, text: str, *, ok: bool, duration_ms: int | None = None
+) -> ToolOutcome:
+    """Store a tool call's result (or error) as the ``tool`` message the model will read,
+    and forward it to the run's root when the session runs a delegation.
+
+    Writes nothing once the session is cancelled or failed: a running activity learns of
+    a cancel only at its next heartbeat, and nothing may land after ``cancelled``.
+    """
+    if session_store.is_closed(s, session_id=tool.session_id):
+        return cancelled_outcome(tool)
+    session_store.add_message(
+        s,
+        message_id=tool.message_id,
+        session_id=tool.session_id,
+        position=tool.position,
+        role="tool",
+        agent_slug=tool.agent_slug,
+        text=text,
+        tool_name=tool.call.name,
+        tool_call_id=tool.call.id,
+        tool_args=tool.call.args,
+        is_error=not ok,
+    )
+    run_tree.forward(
+        s,
+        tool.session_id,
+        "tool_result",
+        {
+            "tool": tool.call.name,
+            "tool_call_id": tool.call.id,
+            "content": text[:PREVIEW_CHARS],
+            "success": ok,
+            "duration_ms": duration_ms,
+        },
+    )
+    return ToolOutcome(message_id=tool.message_id, ok=ok, preview=text[:PREVIEW_CHARS])

@@ -1,0 +1,5 @@
+"""Who may reach whom: the one decision for every cross-agent path (``gate.decide``:
+guards, membership, ACL, policy) and the review lifecycle with its audit log (``reviews``).
+
+May import ``baton.agents``, ``baton.grants``, ``baton.storage`` and the foundation modules.
+"""
