@@ -23,7 +23,6 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.service import RPCError
 
 from activities.outcomes import cancelled_outcome, heartbeating, store_result, stored_outcome
 from activities.xagent import SessionNotContinuable, SessionOfOtherAgent, refuse
@@ -476,10 +475,10 @@ class DelegationActivities:
 
         targets = await asyncio.to_thread(open_children)
         for child in targets:
-            try:
-                await self._client.get_workflow_handle(child).cancel()
-            except RPCError as exc:  # already ended: nothing to cancel
-                activity.logger.info("cancel %s: %s", child, exc.message)
+            # The one cancel of a session: a child whose run completed idle has no run to
+            # cancel, and Temporal takes a cancel of a closed run as a no-op (issue 12).
+            # EngineUnavailable (Temporal refused) fails the attempt: it is retried.
+            await launch.cancel_session(self._client, self._engine, session_id=child)
         await asyncio.to_thread(record_cancelled)
         return targets
 

@@ -68,6 +68,7 @@ from baton.contracts import (
     ModelTurnInput,
     ModelTurnResult,
     ResolvedAgent,
+    ResumePoint,
     StatusChange,
     ToolCall,
     ToolInput,
@@ -714,6 +715,15 @@ class SessionActivities:
             session_store.set_status(s, session_id=inp.session_id, status=inp.final_status)
             # The failed call will never be metered: its token reservation is freed.
             run_tree.release_tokens(s, session_id=inp.session_id)
+
+    @activity.defn(name="record_resume")
+    def record_resume(self, point: ResumePoint) -> None:
+        """Store ``point`` (the input and queue of the session's next run) on its row:
+        the run completes idle next and the next message starts the next run from there
+        (issue 12, item 2; :func:`baton.runs.launch.deliver_update`). Idempotent; a closed
+        session is left alone."""
+        with session_scope(self._engine) as s:
+            session_store.set_resume_input(s, point=point)
 
     @activity.defn(name="set_status")
     def set_status(self, inp: StatusChange) -> None:

@@ -293,6 +293,13 @@ class SessionConfig(BaseModel):
         description="Under a token_budget: the most output tokens one model call may "
         "reserve (its max_tokens; also capped to what the budget has left).",
     )
+    # Issue 12 item 2: true state. A session's run ends once it has been idle this long
+    # and its next message starts a new run of the same workflow id (baton.runs.launch).
+    idle_timeout_s: float | None = Field(
+        default=600.0,
+        description="BATON_SESSION_IDLE_TIMEOUT: seconds an idle session's workflow waits "
+        "for a message before it completes (None = never; runs from before it keep waiting).",
+    )
 
 
 class UserMessage(BaseModel):
@@ -343,7 +350,9 @@ MAX_SETTLED_REVIEWS = 200
 
 
 class SessionInput(BaseModel):
-    """SessionWorkflow input. ``agent`` and ``turn`` are carried across continue-as-new."""
+    """SessionWorkflow input. ``agent``, ``turn`` and the review memory are carried across
+    continue-as-new, and into the session row (``resume_input``) when a run completes idle:
+    the next message starts the next run from there (:func:`baton.runs.launch.deliver_update`)."""
 
     session_id: str
     agent_pin: str = Field(description="slug@version resolved at launch.")
@@ -368,6 +377,14 @@ class SessionInput(BaseModel):
         description="Carried across continue-as-new: ids of the newest reviews this session "
         "settled, oldest first (a later decision for one is too_late, not unknown_review).",
     )
+
+
+class ResumePoint(BaseModel):
+    """``record_resume`` input, stored as ``sessions.resume_input``: where the next
+    workflow run of a session whose run completed idle starts (issue 12, item 2)."""
+
+    input: SessionInput = Field(description="The next run's input (the carried state).")
+    task_queue: str = Field(description="The queue of the run that completed (and the next).")
 
 
 class ToolCall(BaseModel):

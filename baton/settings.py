@@ -92,6 +92,15 @@ class Settings(BaseSettings):
         "(Gamut X-Agent Policies, 'Review timeout'); read at launch: a running session keeps "
         "its value.",
     )
+    session_idle_timeout: float = Field(
+        default=_session_default("idle_timeout_s"),
+        gt=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="Seconds an idle session's workflow waits for the next message before "
+        "it completes; that message starts it again (state in the DB). 600: a conversation "
+        "in progress stays warm between messages, one left alone costs the worker nothing.",
+    )
     max_delegation_depth: int = Field(
         default=_session_default("max_delegation_depth"),
         ge=1,
@@ -339,6 +348,7 @@ class Settings(BaseSettings):
         return SessionConfig(
             default_model=self.model,
             review_timeout_s=self.review_timeout,
+            idle_timeout_s=self.session_idle_timeout,
             max_delegation_depth=self.max_delegation_depth,
             auth=self.auth == "on",
             allow_adhoc_delegation=self.allow_adhoc_delegation,

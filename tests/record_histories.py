@@ -3,8 +3,8 @@
 Run from the repo root when a workflow change is *meant* to change commands
 (and gate it with ``workflow.patched``):
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
-legacy-tool-name, legacy-delegation-names, xagent, delegation, step, step-ends; default
-all).
+legacy-tool-name, legacy-delegation-names, xagent, delegation, step, step-ends, idle;
+default all).
 Existing files are kept, so histories from older code stay in the suite.
 """
 
@@ -296,6 +296,20 @@ async def step_end_scenarios(client: Client, engine: Engine, worker: Worker) -> 
     await save(client, late, "step-timeout")
 
 
+async def idle_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """A session whose run completes idle, restarted by its next message (update-with-start)
+    and completing idle again; an external session completing idle."""
+    from tests.test_idle_sessions import completed
+
+    publish(engine, "echo", playbook=[{"reply": "you said {last_message}"}])
+    idle = TEST_CONFIG.model_copy(update={"idle_timeout_s": 1.0})
+    run = await launch(client, engine, worker, "echo", "one", config=idle)
+    await completed(client, run.session_id)
+    await launching.send_message(client, engine, session_id=run.session_id, prompt="two", sync=True)
+    await completed(client, run.session_id)
+    await save(client, run.session_id, "idle-restart")
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return session_store.get_session(s, session_id=session_id).status
@@ -309,6 +323,7 @@ SCENARIOS = {
     "delegation": delegation_scenarios,
     "step": step_scenarios,
     "step-ends": step_end_scenarios,
+    "idle": idle_scenarios,
 }
 
 

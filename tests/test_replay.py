@@ -12,7 +12,8 @@ from temporalio.worker import Replayer
 from workflows.session import SessionWorkflow
 from workflows.step import AgentStepWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HERE = Path(__file__).parent / "histories"
+HISTORIES = sorted(HERE.glob("*.json"))
 
 
 def test_histories_are_checked_in() -> None:
@@ -40,6 +41,12 @@ def test_histories_are_checked_in() -> None:
     ends = ("step-invalid", "step-rejected", "step-handoff-timeout", "step-timeout")
     assert {f"{kind}-{tag}" for kind in ends for tag in ("v6", "v7")} <= names
     assert {"step-schema-retry-v7", "step-handoff-v7"} <= names
+    # v7: after the idle-completion patch (an idle timer after each turn): the base and
+    # X-Agent runs, and a run completing idle then restarted by its next message.
+    for kind in ("tool-loop", "continue-as-new", "cancelled", "failed-turn"):
+        assert f"{kind}-v7" in names
+    assert {"xagent-review-allowed-v7", "xagent-review-timeout-v7", "idle-restart-v7"} <= names
+    assert (HERE / "idle-restart-v7-run2.json").exists()
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

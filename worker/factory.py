@@ -131,6 +131,7 @@ def activities_for(
         acts.run_tool,
         acts.record_failure,
         acts.set_status,
+        acts.record_resume,
         xagent.authorize,
         xagent.settle_review,
         xagent.refuse_tool,

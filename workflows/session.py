@@ -5,6 +5,13 @@ while a turn runs). Each model call is the ``model_turn`` activity and each tool
 call an activity; the transcript stays in the DB and history carries only ids,
 previews and tool calls. The session continues-as-new when Temporal suggests it,
 once every handler has finished, carrying the agent snapshot and turn counter.
+
+A run that has been idle for ``config.idle_timeout_s`` stores the same carried state
+on the session row (``record_resume``) and completes, so RUNNING in Temporal means a
+turn, review or external call is in flight and an idle session holds no worker
+memory; the next message starts the next run under the same workflow id
+(update-with-start, :func:`baton.runs.launch.deliver_update`). The workflow's current
+details (Temporal UI) say what an operator wants to see now.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         RefusalInput,
         ResolvedAgent,
         ResolvedLimits,
+        ResumePoint,
         ReviewDecision,
         ReviewOutcome,
         RouteInput,
@@ -109,6 +117,10 @@ PATCH_ONE_DECISION = "one-decision-every-cross-agent-path"
 PATCH_MCP_TOOLS = "mcp-server-tools"
 PATCH_LOCAL_LOAD = "load-agent-local-activity"
 PATCH_LOCAL_SETTLE = "settle-review-local-activity"
+PATCH_IDLE_COMPLETE = "idle-session-completes"
+
+#: Characters of the last message shown in the current details.
+DETAILS_PREVIEW = 80
 
 
 @workflow.defn(name="Session")
@@ -139,6 +151,11 @@ class SessionWorkflow:
         # so a decision for one of them reads too_late and any other id unknown_review.
         self._late_decisions: list[LateDecision] = list(inp.late_decisions)
         self._settled_reviews: dict[str, None] = dict.fromkeys(inp.settled_reviews)
+        # What the current details show (workflow metadata: no command, no patch needed).
+        self._review_deadlines: dict[str, str] = {}
+        self._last_message = ""
+        self._completed_idle = False
+        self._ended: SessionStatus | None = None
 
     @workflow.run
     async def run(self, inp: SessionInput) -> str:
@@ -165,9 +182,11 @@ class SessionWorkflow:
                 # A failed first turn is recorded in the transcript; the session stays open.
                 with contextlib.suppress(ApplicationError):
                     await self._answer(inp.first_message)
-            await workflow.wait_condition(lambda: self._should_continue_as_new() and not self._busy)
+            if not await self._serve():
+                return "idle"
         except asyncio.CancelledError:
             self._closed = True
+            self._ended = "cancelled"
             if workflow.patched(PATCH_CANCEL_TURN):
                 # Cancel the Update's running turn too (handlers are separate tasks), so no
                 # model call or tool runs after the cancel and `cancelled` is the last event.
@@ -199,24 +218,88 @@ class SessionWorkflow:
             # The pin no longer resolves (retired/deleted since launch): end the session.
             self._closed = True
             final: SessionStatus = "failed" if workflow.patched(PATCH_LOAD_FAILED) else "idle"
+            self._ended = "failed"
+            self._last_message = f"{inp.agent_pin} cannot run: {_cause(err)}"
+            self._show()
             await self._fail(self._inp.session_id + ":load", "000000.000.3000", err, final)
             return "failed"
         # 👉 Let in-flight handlers finish so no Update is lost across continue-as-new.
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(
-            SessionInput(
-                session_id=inp.session_id,
-                agent_pin=inp.agent_pin,
-                provenance=inp.provenance,
-                config=inp.config,
-                agent=self._agent,
-                turn=self._turn,
-                team=self._inp.team,
-                # Payloads only: the command sequence is unchanged, so no patch is needed.
-                late_decisions=self._late_decisions,
-                settled_reviews=list(self._settled_reviews),
-            )
+        workflow.continue_as_new(self._next_input())
+
+    def _next_input(self) -> SessionInput:
+        """The input of this session's next run: continue-as-new, or the resume point
+        stored when the run completes idle (the same carried state either way)."""
+        inp = self._inp
+        return SessionInput(
+            session_id=inp.session_id,
+            agent_pin=inp.agent_pin,
+            provenance=inp.provenance,
+            config=inp.config,
+            agent=self._agent,
+            turn=self._turn,
+            team=inp.team,
+            # Payloads only: the command sequence is unchanged, so no patch is needed.
+            late_decisions=self._late_decisions,
+            settled_reviews=list(self._settled_reviews),
         )
+
+    def _working(self) -> bool:
+        """A turn, an external call or any other handler is in flight (not idle)."""
+        return self._busy or bool(self._external_calls) or not workflow.all_handlers_finished()
+
+    async def _serve(self) -> bool:
+        """Wait until this run should end: True to continue-as-new, False to complete idle.
+
+        Idle means no handler in flight for ``idle_timeout_s`` seconds in a row (issue 12,
+        item 2; the clock restarts after every turn). Before completing, the carried
+        state goes to the session row (``record_resume``); a message that arrived
+        meanwhile keeps the run going. One that arrives while the completion is in
+        flight makes the server refuse it (unhandled message), so this runs again with
+        the message; one that arrives after finds the run closed and starts the next
+        (update-with-start). Runs started before this patch wait forever, as they did.
+        """
+        idle = self._inp.config.idle_timeout_s
+        if idle is None or not workflow.patched(PATCH_IDLE_COMPLETE):
+            await workflow.wait_condition(lambda: self._should_continue_as_new() and not self._busy)
+            return True
+        while True:
+            # No idle timer while something is in flight: a long turn or review is not idle.
+            await workflow.wait_condition(lambda: not self._working())
+            if self._should_continue_as_new():
+                return True
+            try:
+                await workflow.wait_condition(
+                    lambda: self._working() or self._should_continue_as_new(),
+                    timeout=timedelta(seconds=idle),
+                    timeout_summary="idle",
+                )
+                continue
+            except TimeoutError:
+                pass
+            if self._working():
+                continue
+            carried = self._next_input()
+            try:
+                await workflow.execute_activity_method(
+                    SessionActivities.record_resume,
+                    ResumePoint(input=carried, task_queue=workflow.info().task_queue),
+                    start_to_close_timeout=store_timeout(self._inp.config),
+                    retry_policy=STORE_RETRY,
+                    summary="idle: store the resume point",
+                )
+            except ActivityError:
+                continue  # the DB kept refusing: stay up and try again after another idle spell
+            # 👉 A message, call or signal that came in during the write keeps the run going
+            # (and made the stored point stale: it is written again after the next idle spell).
+            if self._working() or self._next_input() != carried:
+                continue
+            self._completed_idle = True
+            self._show()
+            if workflow.info().typed_search_attributes.get(SA_AGENT) is not None:
+                # Operators find the sessions whose run completed idle: BatonStatus = 'idle'.
+                workflow.upsert_search_attributes([SA_STATUS.value_set("idle")])
+            return False
 
     def _should_continue_as_new(self) -> bool:
         limit = self._inp.config.continue_as_new_after_turns
@@ -300,6 +383,7 @@ class SessionWorkflow:
         if status == self._status:
             return
         self._status = status
+        self._show()
         attrs = workflow.info().typed_search_attributes
         # Upsert only where the starter set Baton's attributes (so they are registered):
         # an unregistered attribute would fail every workflow task and wedge the session.
@@ -317,21 +401,49 @@ class SessionWorkflow:
         if attrs.get(SA_STATUS) != searchable:
             workflow.upsert_search_attributes([SA_STATUS.value_set(searchable)])
 
+    def _show(self) -> None:
+        """Set the current details the Temporal UI shows (issue 12, item 3), in markdown:
+        status, agent pin and turn; each open review with its deadline and the command
+        that decides it; the last message. Workflow metadata, not a command: no patch."""
+        pin = self._agent.pin if self._agent else self._inp.agent_pin
+        state = self._ended or self._status
+        lines = [f"**{state}** · `{pin}` · turn {self._turn}"]
+        if self._completed_idle:
+            lines.append("- this run completed idle; the next message starts the next run")
+        for rid, review in self._open_reviews.items():
+            target = f" → {review['target']}" if review["target"] else ""
+            lines.append(
+                f"- review `{rid}`: {review['operation']}{target}, decide by "
+                f"{self._review_deadlines.get(rid, '?')} (`baton reviews approve {rid}`)"
+            )
+        if self._last_message:
+            text = " ".join(self._last_message.split())
+            cut = text if len(text) <= DETAILS_PREVIEW else text[: DETAILS_PREVIEW - 1] + "…"
+            lines.append(f"- last: {cut}")
+        workflow.set_current_details("\n".join(lines))
+
     async def _answer(self, msg: UserMessage) -> TurnOutcome:
         self._turn_task = asyncio.current_task()
         self._busy = True
         # Gamut X-Agent, one-hop: a turn another agent sent (or any turn of an invoked session).
         self._invoked_turn = bool(self._inp.provenance.invoked_by_agent or msg.invoked_by_agent)
         self._turn_user = msg.user or self._inp.provenance.created_by_user
+        self._last_message = f"{msg.invoked_by_agent or self._turn_user}: {msg.prompt}"
         self._set_status("running")
         try:
             await workflow.wait_condition(lambda: self._agent is not None)
             assert self._agent is not None
             self._turn += 1
-            return await self._turn_loop(self._agent, self._turn, msg)
+            outcome = await self._turn_loop(self._agent, self._turn, msg)
+            self._last_message = f"{self._agent.slug}: {outcome.preview}"
+            return outcome
+        except ApplicationError as err:
+            self._last_message = f"turn {self._turn} failed: {err.message}"
+            raise
         finally:
             self._busy = False
             self._set_status("idle")
+            self._show()  # the last message changed even when the status did not
 
     async def _turn_loop(self, agent: ResolvedAgent, turn: int, msg: UserMessage) -> TurnOutcome:
         sid = self._inp.session_id
@@ -638,8 +750,11 @@ class SessionWorkflow:
             "target": target,
             "preview": preview,
         }
-        self._set_status("awaiting_input")
         timeout = self._inp.config.review_timeout_s
+        deadline = workflow.now() + timedelta(seconds=timeout)
+        self._review_deadlines[review_id] = deadline.strftime("%Y-%m-%d %H:%M:%S UTC")
+        self._set_status("awaiting_input")
+        self._show()  # a second review while one waits changes no status
         outcome: ReviewOutcome
         try:
             await workflow.wait_condition(
@@ -654,12 +769,14 @@ class SessionWorkflow:
             decision, outcome = None, "timed_out"
         # The outcome is fixed from here: a decision arriving now is too late.
         del self._open_reviews[review_id]
+        self._review_deadlines.pop(review_id, None)
         self._decisions.pop(review_id, None)
         self._settled_reviews[review_id] = None
         while len(self._settled_reviews) > MAX_SETTLED_REVIEWS:
             del self._settled_reviews[next(iter(self._settled_reviews))]
         if not self._open_reviews:
             self._set_status("running")
+        self._show()
         settle = SettleInput(
             tool=tool,
             review_id=review_id,

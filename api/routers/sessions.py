@@ -368,7 +368,9 @@ async def send_message(
         )
         if body.prompt is None:  # from_draft: an ambassador's draft is a person's turn
             raise external.NotExternal("an external session posts a prompt", path="from_draft")
-        message_id = await external.post_message(client, identity, role=body.role, text=body.prompt)
+        message_id = await external.post_message(
+            client, engine, identity, role=body.role, text=body.prompt
+        )
         public = await asyncio.to_thread(_public, engine, session_id)
         return SessionAccepted(
             session_id=session_id,

@@ -304,12 +304,14 @@ async def call_tool(
 
     Raises SessionClosed, NotExternal, UnknownTool, EngineUnavailable.
     """
-    handle = client.get_workflow_handle(identity.session_id)
     try:
-        update = await handle.start_update(
-            EXTERNAL_TOOL_CALL,
-            ExternalToolCall(call_id=key, name=name, args=args),
-            id=f"{identity.session_id}:mcp:{key}",
+        update = await launch.deliver_update(
+            client,
+            engine,
+            session_id=identity.session_id,
+            update=EXTERNAL_TOOL_CALL,
+            arg=ExternalToolCall(call_id=key, name=name, args=args),
+            update_id=f"{identity.session_id}:mcp:{key}",
             wait_for_stage=WorkflowUpdateStage.ACCEPTED,
             result_type=ToolOutcome,
         )
@@ -333,19 +335,28 @@ async def call_tool(
 
 
 async def post_message(
-    client: Client, identity: ExternalIdentity, *, role: Literal["user", "assistant"], text: str
+    client: Client,
+    engine: Engine,
+    identity: ExternalIdentity,
+    *,
+    role: Literal["user", "assistant"],
+    text: str,
 ) -> str:
     """Store a message of the external process in its transcript (Update
     ``external_message``); returns its id. Raises SessionClosed, NotExternal,
     InvalidPrompt, EngineUnavailable."""
-    handle = client.get_workflow_handle(identity.session_id)
     try:
-        done: ExternalMessageOutcome = await handle.execute_update(
-            EXTERNAL_MESSAGE,
-            ExternalMessage(role=role, text=text),
-            id=f"{identity.session_id}:message-{uuid.uuid4()}",
+        update = await launch.deliver_update(
+            client,
+            engine,
+            session_id=identity.session_id,
+            update=EXTERNAL_MESSAGE,
+            arg=ExternalMessage(role=role, text=text),
+            update_id=f"{identity.session_id}:message-{uuid.uuid4()}",
+            wait_for_stage=WorkflowUpdateStage.COMPLETED,
             result_type=ExternalMessageOutcome,
         )
+        done = await update.result()
     except WorkflowUpdateFailedError as exc:
         raise _update_error(exc, identity.session_id) from exc
     except RPCError as exc:

@@ -106,6 +106,8 @@ class SessionRow(SQLModel, table=True):
 
     Provenance columns are written by the engine only, never from API input.
     ``resolved_agent`` is the snapshot the ``load_agent`` activity recorded at launch.
+    ``resume_input`` is the ``SessionInput`` the session's next workflow run starts from,
+    written by its run just before it completes idle (``record_resume``); NULL until then.
     """
 
     __tablename__ = "sessions"
@@ -115,6 +117,7 @@ class SessionRow(SQLModel, table=True):
     agent_slug: str = Field(index=True, max_length=63)
     agent_version: int
     resolved_agent: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    resume_input: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     status: str = Field(default="running", max_length=20)
     created_by_user: str = Field(default="local", max_length=200)
     invoked_by_agent: str | None = Field(default=None, max_length=63)
