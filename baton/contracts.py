@@ -530,7 +530,8 @@ class TurnOutcome(BaseModel):
     message_id: str
 
 
-#: Keyword search attributes (docs/operations.md, The Temporal UI); registered by the stack.
+#: Keyword search attributes (docs/operations.md, The run in the Temporal UI); registered
+#: by the stack.
 SA_AGENT = SearchAttributeKey.for_keyword("BatonAgent")
 SA_VERSION = SearchAttributeKey.for_keyword("BatonAgentVersion")
 SA_INVOKED_BY = SearchAttributeKey.for_keyword("BatonInvokedBy")

@@ -4,7 +4,7 @@ Temporal dev server serves, started as `baton dev` starts it (:class:`worker.sta
 with Baton's search attributes), with the real API + worker + SQLite file behind it.
 
 One module-scoped stack and one team run + one failed step, made through the API. Set
-``BATON_SCREENSHOTS=1`` to refresh the README's screenshots in docs/screenshots/.
+``BATON_SCREENSHOTS=1`` to refresh the screenshots of docs/operations.md (docs/screenshots/).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ NAMESPACE = "default"
 UI_WAIT_MS = 45_000
 #: Playwright's own default for `expect`, restored after each test of this module.
 PLAYWRIGHT_EXPECT_MS = 5_000
-#: The Baton columns the README tells an operator to add to the list (Configure Columns);
+#: The Baton columns docs/operations.md tells an operator to add to the list (Configure Columns);
 #: the UI keeps them in local storage, which this seeds.
 COLUMNS = ["Status", "Workflow ID", "Type", "BatonKind", "BatonAgent", "BatonStatus", "Start"]
 SCHEMA = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
@@ -196,7 +196,7 @@ def test_one_query_lists_a_run_tree_with_the_baton_columns(
     run: Run, browser: Browser, tmp_path: Path
 ) -> None:
     """``BatonRoot = "<root>"`` lists the team run and both delegated sessions; the
-    README's Configure Columns steps add BatonKind, BatonAgent and BatonStatus."""
+    Configure Columns steps of docs/operations.md add BatonKind, BatonAgent and BatonStatus."""
     ctx = browser.new_context(viewport=WIDE)  # type: ignore[arg-type]
     ctx.set_default_timeout(UI_WAIT_MS)
     try:
@@ -206,7 +206,7 @@ def test_one_query_lists_a_run_tree_with_the_baton_columns(
         for sid in (run.root, *run.members):
             expect(rows(page).filter(has_text=sid)).to_have_count(1)
         page.get_by_role("button", name="Configure Columns").click()
-        for column in ("Run ID", "End"):  # room for Baton's, as the README suggests
+        for column in ("Run ID", "End"):  # room for Baton's, as docs/operations.md suggests
             page.get_by_role("button", name=f"Remove {column} column").click()
         for column in ("BatonKind", "BatonAgent", "BatonStatus"):
             page.get_by_role("button", name=f"Add {column} column").click()
@@ -253,7 +253,7 @@ def test_a_team_runs_page_links_to_its_delegated_sessions(
 
 
 def test_a_failed_step_is_listed_as_failed(run: Run, page: Page, tmp_path: Path) -> None:
-    """The failed step's workflow failed: ExecutionStatus = "Failed" (and the README's
+    """The failed step's workflow failed: ExecutionStatus = "Failed" (and docs/operations.md's
     failed-steps query) lists it, and its page shows the step's code and error."""
     failed = temporal_ui.equals("ExecutionStatus", "Failed")
     page.goto(run.url(temporal_ui.workflows_path(NAMESPACE, failed)))

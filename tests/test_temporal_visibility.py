@@ -325,18 +325,18 @@ async def test_the_trace_gives_each_nodes_temporal_ui_link(
     assert member.run_tree_url == linked.run_tree_url
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-#: A row of the README's "Queries an operator uses" table: query and ready URL.
+OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
+#: A row of the "Queries an operator uses" table (docs/operations.md): query and ready URL.
 QUERY_ROW = re.compile(r"^\| [^|]+ \| `([^`]+)` \| <(http://localhost:8233/[^>]+)> \|$", re.M)
 
 
-async def test_the_readmes_operator_queries_run_and_match_their_urls(
+async def test_the_docs_operator_queries_run_and_match_their_urls(
     temporal_env: WorkflowEnvironment,
 ) -> None:
-    """Every query of the README's operator table is valid on the dev server (with Baton's
-    search attributes) and its URL is Settings.workflows_url of that very query."""
-    found = QUERY_ROW.findall(README.read_text(encoding="utf-8"))
-    assert len(found) >= 4, "the README's operator queries table is missing"
+    """Every query of the operator table in docs/operations.md is valid on the dev server
+    (with Baton's search attributes) and its URL is Settings.workflows_url of that query."""
+    found = QUERY_ROW.findall(OPERATIONS.read_text(encoding="utf-8"))
+    assert len(found) >= 4, "the operator queries table of docs/operations.md is missing"
     settings = Settings(temporal_env_config=False)
     for query, url in found:
         assert url == settings.workflows_url(query), query
