@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from baton.temporal_ui import md_text
     from workflows.options import STORE_RETRY, heartbeat_timeout, store_timeout
-    from workflows.session import model_turn_input, run_ordinary_tool, tool_message
+    from workflows.session_base import model_turn_input, run_ordinary_tool, tool_message
 
 #: Attempts a step may make in all, revisions included (a handoff loop ends here).
 MAX_TOTAL_ATTEMPTS = 50
@@ -108,7 +108,7 @@ class AgentStepWorkflow:
             )
         except ActivityError as err:
             _reraise_cancel(err)
-            return await self._finish("failed", ATTEMPT_FAILED, error=_cause(err))
+            return await self._finish("failed", ATTEMPT_FAILED, error=error_cause(err))
         prompt = _first_prompt(inp)
         while True:
             self._attempts += 1
@@ -119,7 +119,7 @@ class AgentStepWorkflow:
                 message_id = await self._attempt(agent, self._attempts, prompt)
             except ActivityError as err:
                 _reraise_cancel(err)
-                return await self._finish("failed", ATTEMPT_FAILED, error=_cause(err))
+                return await self._finish("failed", ATTEMPT_FAILED, error=error_cause(err))
             except ApplicationError as err:
                 return await self._finish("failed", ATTEMPT_FAILED, error=str(err.message))
             try:
@@ -134,7 +134,7 @@ class AgentStepWorkflow:
                 )
             except ActivityError as err:
                 _reraise_cancel(err)
-                return await self._finish("failed", ATTEMPT_FAILED, error=_cause(err))
+                return await self._finish("failed", ATTEMPT_FAILED, error=error_cause(err))
             if not checked.ok:
                 errors = "\n".join(f"- {e}" for e in checked.errors)
                 if self._attempts >= inp.retry.max_attempts:
@@ -336,6 +336,6 @@ def _reraise_cancel(err: ActivityError) -> None:
         raise asyncio.CancelledError() from err
 
 
-def _cause(err: ActivityError) -> str:
+def error_cause(err: ActivityError) -> str:
     cause = err.cause
     return str(cause.message) if isinstance(cause, ApplicationError) else str(cause or err)
