@@ -18,7 +18,7 @@ HISTORIES = sorted(HERE.glob("*.json"))
 
 def test_histories_are_checked_in() -> None:
     """The replay suite has histories to replay (tool loop, continue-as-new, cancel, failure,
-    X-Agent reviews and guards)."""
+    X-Agent reviews and guards, and the local-activity runs of issue 14)."""
     names = {p.name.rsplit("-run", 1)[0] for p in HISTORIES}
     # v1: before the coarse-status patch; v2: after it; v3: after the cancel-turn patch;
     # v4: after the x-agent-tools patch.
@@ -47,6 +47,10 @@ def test_histories_are_checked_in() -> None:
         assert f"{kind}-v7" in names
     assert {"xagent-review-allowed-v7", "xagent-review-timeout-v7", "idle-restart-v7"} <= names
     assert (HERE / "idle-restart-v7-run2.json").exists()
+    # perf14: load_agent and settle_review as local activities (issue 14).
+    for kind in ("tool-loop", "continue-as-new", "cancelled", "failed-turn"):
+        assert f"{kind}-perf14" in names
+    assert {"xagent-review-allowed-perf14", "xagent-review-timeout-perf14"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
