@@ -57,13 +57,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from baton.agents import registry  # noqa: E402
 from baton.agents.spec import AgentSpec  # noqa: E402
 from baton.contracts import Provenance, SessionConfig  # noqa: E402
-from baton.errors import AgentNotFound  # noqa: E402
+from baton.errors import AgentNotFound, EngineUnavailable  # noqa: E402
 from baton.runs import launch  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.storage.db import init_db, make_engine, session_scope  # noqa: E402
 from worker.stack import DevServer, free_port  # noqa: E402
 
 AGENT = "idle-bench"
+#: Tries of one launch refused by Temporal (EngineUnavailable: transient under load).
+LAUNCH_ATTEMPTS = 5
 TARGET_MB = 500.0
 
 
@@ -105,28 +107,43 @@ async def launch_all(
     """Start ``n`` sessions (first turn answered), ``concurrency`` at a time; their ids."""
     gate = asyncio.Semaphore(concurrency)
     started = time.monotonic()
-    done = 0
+    done = retried = 0
 
     async def one(i: int) -> str:
-        nonlocal done
+        nonlocal done, retried
+        sid = f"session-{uuid.uuid4()}"
         async with gate:
-            launched = await launch.launch_session(
-                client,
-                engine,
-                task_queue=queue,
-                config=config,
-                ref=AGENT,
-                prompt=f"hello {i}",
-                provenance=Provenance(),
-                sync=True,
-            )
+            for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+                try:
+                    # Idempotent ids, as a delegation launches: a retry attaches to the first.
+                    launched = await launch.launch_session(
+                        client,
+                        engine,
+                        task_queue=queue,
+                        config=config,
+                        ref=AGENT,
+                        prompt=f"hello {i}",
+                        provenance=Provenance(),
+                        sync=True,
+                        session_id=sid,
+                        update_id=f"{sid}:message-1",
+                    )
+                    break
+                except EngineUnavailable:  # e.g. a workflow task timed out under load
+                    if attempt == LAUNCH_ATTEMPTS:
+                        raise
+                    retried += 1
+                    await asyncio.sleep(attempt)
         done += 1
         if done % 1000 == 0:
             rate = done / (time.monotonic() - started)
             print(f"    {done} sessions ({rate:.0f}/s)", flush=True)
         return launched.session_id
 
-    return list(await asyncio.gather(*(one(i) for i in range(n))))
+    ids = list(await asyncio.gather(*(one(i) for i in range(n))))
+    if retried:
+        print(f"    {retried} launches retried (Temporal refused them for a moment)", flush=True)
+    return ids
 
 
 async def probe(client: Client, engine: Engine, ids: list[str], count: int) -> list[float]:

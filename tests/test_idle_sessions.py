@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 import threading
 import time
 import uuid
@@ -506,3 +507,20 @@ async def test_the_cancel_cascade_reaches_delegated_sessions_that_completed_idle
     for sid in ids.values():
         await cancelled(client, sid)
         await run_count(client, sid, 2)
+
+
+def test_every_update_and_cancel_of_a_session_goes_through_baton_runs_launch() -> None:
+    """No module but baton.runs.launch sends a session an Update or a cancel, so no road
+    forgets to start an idle-completed session's next run (deliver_update, cancel_session)."""
+    root = Path(__file__).resolve().parent.parent
+    calls = re.compile(
+        r"\.(start_update|execute_update|start_update_with_start_workflow|"
+        r"execute_update_with_start_workflow)\(|\bhandle\.cancel\(|get_workflow_handle\([^)]*\)\.cancel\("
+    )
+    found = {
+        str(path.relative_to(root))
+        for package in ("api", "activities", "baton", "worker", "workflows")
+        for path in (root / package).rglob("*.py")
+        if calls.search(path.read_text())
+    }
+    assert found == {"baton/runs/launch.py"}
