@@ -51,6 +51,11 @@ def test_histories_are_checked_in() -> None:
     for kind in ("tool-loop", "continue-as-new", "cancelled", "failed-turn"):
         assert f"{kind}-perf14" in names
     assert {"xagent-review-allowed-perf14", "xagent-review-timeout-perf14"} <= names
+    # v8: the merged code of issues 12, 14 and 16 (idle completion, local activities, the
+    # failed-step patch and the SessionWorkflow split into sections) recorded as one.
+    v8 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
+    assert {f"{kind}-v8" for kind in v8} <= names
+    assert {"xagent-review-allowed-v8", "step-invalid-v8", "step-timeout-v8"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
