@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.baton-installed
 
-.PHONY: test demo lint typecheck install clean
+.PHONY: test demo docs lint typecheck install clean
 
 install: $(STAMP)
 
@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
 	touch $@
 
+# lint-imports: the import contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -39,5 +40,13 @@ test: lint typecheck
 demo: $(STAMP)
 	$(BIN)/baton demo
 
+# The docs site into site/: first the generated pages (settings, CLI and API reference,
+# see docs/gen.py), then mkdocs with the Material theme; --strict fails on any warning.
+# Offline: no plugin fetches anything (mkdocs.yml). NO_MKDOCS_2_WARNING silences
+# Material's banner about a future MkDocs, which is not about this build.
+docs: $(STAMP)
+	$(BIN)/python -m docs.gen
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .baton .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .baton .pytest_cache .mypy_cache .ruff_cache .import_linter_cache site

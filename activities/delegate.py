@@ -1,7 +1,8 @@
-"""The ``delegate`` activity (DESIGN §4): every delegation — invoke_agent, delegate_to,
-a subagent ``task``, a team route, an @mention — starts or continues the target's
-own ``Session`` workflow through the Temporal client; and ``cancel_delegations``,
-the cancel cascade (seed 002, seed 004 'What bounds a tree', DESIGN §7).
+"""The ``delegate`` activity (docs/architecture.md, delegation): every delegation —
+invoke_agent, delegate_to, a subagent ``task``, a team route, an @mention — starts or
+continues the target's own ``Session`` workflow through the Temporal client; and
+``cancel_delegations``, the cancel cascade (AgentX Agent Teams; Xema Agent Concepts,
+'What bounds a tree'; docs/teams.md).
 
 Before a child starts, the run's bounds are checked in the same transaction that
 records the delegation: ``max_delegation_depth`` (delegate_to), the runtime depth
@@ -15,7 +16,6 @@ import asyncio
 import functools
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,6 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.service import RPCError
 
 from activities.outcomes import cancelled_outcome, heartbeating, store_result, stored_outcome
 from activities.xagent import SessionNotContinuable, SessionOfOtherAgent, refuse
@@ -43,6 +42,7 @@ from baton.contracts import (
     ToolCall,
     ToolMessage,
     ToolOutcome,
+    delegated_session_id,
 )
 from baton.errors import BatonError, EngineUnavailable, TurnCancelled
 from baton.permissions import gate
@@ -51,8 +51,6 @@ from baton.storage.db import DelegationRow, SessionRow, session_scope
 
 #: Longest inline reply a delegation returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
-#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
-DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
 
 
 class Refused(Exception):
@@ -89,7 +87,7 @@ class Plan:
 
 
 def child_agent(session: Session, caller: ResolvedAgent, alias: str) -> ResolvedAgent:
-    """The configuration a subagent ``task`` runs with (seed 004, 'Subagents').
+    """The configuration a subagent ``task`` runs with (Xema Agent Concepts, 'Subagents').
 
     The node's pinned agent, overlaid with the node-local instructions, model
     override and narrowed tools; its children are the node's, or (a leaf node)
@@ -193,7 +191,7 @@ class DelegationActivities:
                     raise SessionNotContinuable(f"session '{row.id}' is {row.status}")
                 child_id = inp.session_id
             else:
-                child_id = f"session-{uuid.uuid5(DELEGATION_NS, inp.delegation_id)}"
+                child_id = delegated_session_id(inp.delegation_id)
             existing = s.get(DelegationRow, inp.delegation_id)
             agent: ResolvedAgent | None = None
             ref = inp.target
@@ -477,10 +475,10 @@ class DelegationActivities:
 
         targets = await asyncio.to_thread(open_children)
         for child in targets:
-            try:
-                await self._client.get_workflow_handle(child).cancel()
-            except RPCError as exc:  # already ended: nothing to cancel
-                activity.logger.info("cancel %s: %s", child, exc.message)
+            # The one cancel of a session: a child whose run completed idle has no run to
+            # cancel, and Temporal takes a cancel of a closed run as a no-op (issue 12).
+            # EngineUnavailable (Temporal refused) fails the attempt: it is retried.
+            await launch.cancel_session(self._client, self._engine, session_id=child)
         await asyncio.to_thread(record_cancelled)
         return targets
 
@@ -497,7 +495,7 @@ MENTION = re.compile(r"(?<![\w@])@([a-z0-9][a-z0-9-]{0,62})\b")
 
 def route_for(session: Session, inp: RouteInput) -> tuple[str, str] | None:
     """``(kind, target)`` for a message: a matching team route first, else the first
-    @mention of another live agent (seed 002, '@-mention routing'); else None."""
+    @mention of another live agent (AgentX Agent Teams, '@-mention routing'); else None."""
     if inp.team is not None:
         to = teams.match_route(inp.team.routes, inp.prompt)
         if to is not None:

@@ -1,4 +1,4 @@
-"""Activities of external sessions (issue 13, DESIGN §11): store the messages an outside
+"""Activities of external sessions (issue 13, docs/mcp.md): store the messages an outside
 process posts to its own transcript, under the id and position its workflow chose."""
 
 from __future__ import annotations

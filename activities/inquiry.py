@@ -4,7 +4,7 @@ They reuse the session's model-turn machinery (the pydantic-ai model builder, th
 scripted model and its playbook, the message rebuilder, the provider error
 classification, heartbeating) but read and write only the inquiry's own rows:
 nothing here writes a session's messages, events, usage or shared channel (the
-no-pollution invariant, seed 002 'Ambassador'; see :mod:`baton.runs.inquiries`).
+no-pollution invariant, AgentX Agent Teams 'Ambassador'; see :mod:`baton.runs.inquiries`).
 Activity names are explicit and stable.
 """
 

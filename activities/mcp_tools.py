@@ -1,4 +1,4 @@
-"""Remote MCP servers as tools of Baton's agents (issue 13, item 4; DESIGN §11).
+"""Remote MCP servers as tools of Baton's agents (issue 13, item 4; docs/mcp.md).
 
 An agent spec lists ``mcp_servers: [{name, url, headers?}]`` (streamable HTTP).
 Their tools are discovered once, when the session loads (:func:`discover_sync`,

@@ -1,5 +1,5 @@
 """Activities of AgentStepWorkflow: check a deliverable against its JSON Schema and
-record the step's state (issue 6; seed 004 'One Agent, two execution experiences')."""
+record the step's state (issue 6; Xema Agent Concepts 'One Agent, two execution experiences')."""
 
 from __future__ import annotations
 

@@ -68,6 +68,7 @@ from baton.contracts import (
     ModelTurnInput,
     ModelTurnResult,
     ResolvedAgent,
+    ResumePoint,
     StatusChange,
     ToolCall,
     ToolInput,
@@ -247,7 +248,7 @@ def estimate_input_tokens(
 
     Used for the token_budget reservation and the balance cut. A tokenizer may count
     more than this: the documented token_budget bound is what calls admitted with this
-    estimate used beyond it (README, 'Limits, enforced').
+    estimate used beyond it (docs/teams.md, 'Limits, enforced').
     """
     if model == SCRIPTED:
         return metering.REQUEST_OVERHEAD_TOKENS
@@ -285,7 +286,7 @@ def provider_failures(details: Sequence[Any]) -> int:
 
 
 def _classify(exc: Exception) -> Exception:
-    """Map a provider error to what Temporal should do with it (DESIGN §4, retries)."""
+    """Map a provider error to what Temporal should do with it (docs/sessions.md, retry budget)."""
     if isinstance(exc, ModelHTTPError):
         if exc.status_code >= 500 or exc.status_code in RETRYABLE_HTTP:
             return exc
@@ -365,7 +366,7 @@ class SessionActivities:
                 return _result_from(done), None, None, [], None
             balance = metering.get_balance(s)
             if balance is not None and balance <= 0:
-                # Refused before the provider is called (seed 004, spend); never retried.
+                # Refused before the provider is called (Xema Agent Concepts, spend); never retried.
                 raise ApplicationError(
                     f"{BALANCE_EXHAUSTED}: the organisation balance is spent "
                     f"(${balance:.4f}); raise it with PUT /v1/balance",
@@ -549,7 +550,7 @@ class SessionActivities:
             offer = inp.delegation
             if offer is not None and "delegate_to" not in agent.blocked_tools:
                 if offer.team is not None:
-                    # A lead-only team (seed 002 allows zero specialists) has nobody to
+                    # A lead-only team (AgentX Agent Teams allows zero specialists) has nobody to
                     # delegate to: no delegate_to (an empty enum is invalid JSON Schema).
                     team = [(m.agent_id, m.hint) for m in offer.team.specialists()]
                     if team:
@@ -714,6 +715,15 @@ class SessionActivities:
             session_store.set_status(s, session_id=inp.session_id, status=inp.final_status)
             # The failed call will never be metered: its token reservation is freed.
             run_tree.release_tokens(s, session_id=inp.session_id)
+
+    @activity.defn(name="record_resume")
+    def record_resume(self, point: ResumePoint) -> None:
+        """Store ``point`` (the input and queue of the session's next run) on its row:
+        the run completes idle next and the next message starts the next run from there
+        (issue 12, item 2; :func:`baton.runs.launch.deliver_update`). Idempotent; a closed
+        session is left alone."""
+        with session_scope(self._engine) as s:
+            session_store.set_resume_input(s, point=point)
 
     @activity.defn(name="set_status")
     def set_status(self, inp: StatusChange) -> None:

@@ -1,5 +1,6 @@
 """X-Agent activities: authorize (ACL, policy, open a review), settle a review, refuse,
-run list/create/read tools, and delegate (invoke_agent) — seeds 000 and 003, DESIGN §4-6.
+run list/create/read tools, and delegate (invoke_agent) — Gamut X-Agent and X-Agent
+Policies; docs/xagent.md.
 
 Every activity stores the tool call's result as a ``tool`` message under the id
 the workflow chose, in the same transaction as its other writes, so a retry
@@ -12,7 +13,6 @@ import asyncio
 import json
 import re
 import time
-import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -49,8 +49,6 @@ from baton.storage.db import Agent, AgentLivePointer, ReviewRow, SessionRow, ses
 
 #: Longest inline reply an invoke returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
-#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
-DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
 TRANSCRIPT_POLL_S = 0.25
 #: Longest a sync transcript read waits for a running turn (inside the 60 s tool timeout).
 TRANSCRIPT_WAIT_S = 45.0
@@ -114,7 +112,7 @@ class XAgentActivities:
         """Decide one X-Agent call with :func:`baton.permissions.gate.decide`; ``review``
         opens a review row.
 
-        Seed 003: guards and ACL checks run first; a block is audited and refused at
+        Gamut X-Agent Policies: guards and ACL checks run first; a block is audited and refused at
         once; a review records the row, a ``review_requested`` event and the session
         status ``awaiting_input``. Refusals are stored as the tool's error result.
 
@@ -185,7 +183,7 @@ class XAgentActivities:
 
         An ``always_allow`` (never for create) saves the policy; every other
         pending review that the new policy now allows is then resolved by
-        signalling its session (seed 003, 'Always Allow'), with a proof so it
+        signalling its session (Gamut X-Agent Policies, 'Always Allow'), with a proof so it
         is recorded as the policy's doing. Who the decision is recorded as and
         whether it may save a policy is :func:`baton.permissions.reviews.credit` (an
         unproven decision: ``temporal (unverified)``, no policy in auth mode).
@@ -419,7 +417,7 @@ class XAgentActivities:
         return _json({"slug": slug, "name": args.name, "version": 1})
 
     async def _wait_for_turn(self, inp: XAgentCall) -> None:
-        """sync=true on a running session: wait for its turn to end (seed 000)."""
+        """sync=true on a running session: wait for its turn to end (Gamut X-Agent)."""
         try:
             args = GetTranscriptArgs.model_validate(inp.tool.call.args)
         except ValidationError:

@@ -1,5 +1,5 @@
 """The MCP server ``agents`` at ``/mcp`` (streamable HTTP): the five X-Agent tools for agents
-that run outside Baton (issue 13, seed 000 'How it works', DESIGN §11).
+that run outside Baton (issue 13, Gamut X-Agent 'How it works', docs/mcp.md).
 
 Built with the official SDK's :class:`mcp.server.mcpserver.MCPServer` (mcp 2.x).
 Every request carries ``Authorization: Bearer <proxy_token>``; :class:`ProxyAuth`
@@ -7,7 +7,7 @@ refuses it with a 401 problem+json before the SDK sees it, otherwise the tools
 act for the token's session. Each tool call is the Update ``external_tool_call``
 on that session's workflow (:func:`baton.runs.external.call_tool`), so guards, ACL,
 policy, reviews, audit and durability are the model path's own; this module only
-translates. Stateless HTTP: any API replica can answer any request (DESIGN §12).
+translates. Stateless HTTP: any API replica can answer any request (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ async def _call(ctx: Context, tool: str, **args: Any) -> CallToolResult:
 
 
 def build_server() -> MCPServer:
-    """The ``agents`` server with exactly the five X-Agent tools of seed 000."""
+    """The ``agents`` server with exactly the five tools of Gamut's X-Agent."""
     server: MCPServer = MCPServer(
         "agents", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
     )

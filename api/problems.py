@@ -157,7 +157,7 @@ def document_common_problems(schema: dict[str, Any]) -> None:
 
     Every ``/v1`` operation: 401 (``get_caller`` runs on all of them). Every ``/v1``
     operation that names a resource (a path parameter) or takes a body: 403 (the ACL of
-    seed 003 / DESIGN §8, or ``admin_only``). Every operation with a request body: 400
+    Gamut X-Agent Policies, or ``admin_only``). Every operation with a request body: 400
     ``malformed_body`` (FastAPI's own answer to an unreadable body; a 400 a route
     already documents, such as an invalid spec, gets this added to its description).
     Lists and GET /v1/balance filter instead of refusing, so they get no 403.

@@ -14,5 +14,6 @@ The sub-packages form layers; each may import only the layers below it:
 - ``baton.storage`` — SQLModel tables, the engine, Alembic migrations.
 - the foundation modules at this level — ``contracts`` (shapes that cross the Temporal
   boundary, sandbox-safe), ``errors``, ``settings``, ``telemetry``, ``saferegex``,
-  ``payloads`` — import only each other.
+  ``payloads``, ``temporal_ui`` (links into the Temporal Web UI, pure) — import only
+  each other.
 """

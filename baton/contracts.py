@@ -6,6 +6,7 @@ defaults so histories recorded by older code still decode.
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -254,10 +255,11 @@ class SessionConfig(BaseModel):
     )
     auth: bool = Field(default=False, description="BATON_AUTH=on: ACL checks apply.")
     allow_adhoc_delegation: bool = Field(
-        default=True, description="Roster agents are offered to ordinary sessions (seed 002)."
+        default=True,
+        description="Roster agents are offered to ordinary sessions (AgentX Agent Teams).",
     )
     runtime_depth_ceiling: int = Field(
-        default=8, description="No delegation nests deeper than this (seed 004)."
+        default=8, description="No delegation nests deeper than this (Xema Agent Concepts)."
     )
     prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="Model prices (USD per million tokens) for metering."
@@ -291,6 +293,13 @@ class SessionConfig(BaseModel):
         description="Under a token_budget: the most output tokens one model call may "
         "reserve (its max_tokens; also capped to what the budget has left).",
     )
+    # Issue 12 item 2: true state. A session's run ends once it has been idle this long
+    # and its next message starts a new run of the same workflow id (baton.runs.launch).
+    idle_timeout_s: float | None = Field(
+        default=600.0,
+        description="BATON_SESSION_IDLE_TIMEOUT: seconds an idle session's workflow waits "
+        "for a message before it completes (None = never; runs from before it keep waiting).",
+    )
 
 
 class UserMessage(BaseModel):
@@ -298,7 +307,7 @@ class UserMessage(BaseModel):
 
     ``invoked_by_agent`` is set by the ``delegate`` activity when another agent
     sends this message (invoke_agent with ``session_id``): that turn is an invoked
-    one and may not invoke further (seed 000, 'One-hop invocation rule').
+    one and may not invoke further (Gamut X-Agent, 'One-hop invocation rule').
     """
 
     prompt: str
@@ -318,7 +327,7 @@ class TeamMemberSnapshot(BaseModel):
 
 
 class TeamSnapshot(BaseModel):
-    """The team of a team run, fixed at launch (DESIGN §7)."""
+    """The team of a team run, fixed at launch (docs/teams.md)."""
 
     id: str
     supervisor: str
@@ -341,7 +350,9 @@ MAX_SETTLED_REVIEWS = 200
 
 
 class SessionInput(BaseModel):
-    """SessionWorkflow input. ``agent`` and ``turn`` are carried across continue-as-new."""
+    """SessionWorkflow input. ``agent``, ``turn`` and the review memory are carried across
+    continue-as-new, and into the session row (``resume_input``) when a run completes idle:
+    the next message starts the next run from there (:func:`baton.runs.launch.deliver_update`)."""
 
     session_id: str
     agent_pin: str = Field(description="slug@version resolved at launch.")
@@ -366,6 +377,14 @@ class SessionInput(BaseModel):
         description="Carried across continue-as-new: ids of the newest reviews this session "
         "settled, oldest first (a later decision for one is too_late, not unknown_review).",
     )
+
+
+class ResumePoint(BaseModel):
+    """``record_resume`` input, stored as ``sessions.resume_input``: where the next
+    workflow run of a session whose run completed idle starts (issue 12, item 2)."""
+
+    input: SessionInput = Field(description="The next run's input (the carried state).")
+    task_queue: str = Field(description="The queue of the run that completed (and the next).")
 
 
 class ToolCall(BaseModel):
@@ -446,14 +465,20 @@ class ModelTurnInput(BaseModel):
     )
 
 
-class ModelTurnResult(BaseModel):
-    """What the workflow needs from a model call: ids, a preview, tool calls, usage."""
+# Issue 12, item 3: results that the Temporal UI shows (activity results, Update results)
+# put their readable preview first and ids last, so the event history reads like the run.
+# Fields are encoded in declaration order; decoding is by name, so histories recorded with
+# the old order decode unchanged (replayed in tests/test_replay.py).
 
-    message_id: str
+
+class ModelTurnResult(BaseModel):
+    """What the workflow needs from a model call: a preview, tool calls, usage, the id."""
+
     preview: str = ""
     preview_is_full: bool = Field(default=False, description="The preview is the whole text.")
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    message_id: str
 
 
 class ToolInput(BaseModel):
@@ -468,11 +493,11 @@ class ToolInput(BaseModel):
 
 
 class ToolOutcome(BaseModel):
-    """A tool result as the workflow sees it (the full output is in the DB)."""
+    """A tool result as the workflow sees it: preview first (the full output is in the DB)."""
 
-    message_id: str
-    ok: bool
     preview: str = ""
+    ok: bool
+    message_id: str
 
 
 class TurnFailure(BaseModel):
@@ -496,15 +521,17 @@ class StatusChange(BaseModel):
 
 
 class TurnOutcome(BaseModel):
-    """``send_message`` result: the final assistant message (full text is in the DB)."""
+    """``send_message`` result: the final assistant message, preview first (full text is in
+    the DB)."""
 
-    message_id: str
     preview: str = ""
     preview_is_full: bool = False
     usage: Usage = Field(default_factory=Usage)
+    message_id: str
 
 
-#: Keyword search attributes (DESIGN §4); registered by the stack.
+#: Keyword search attributes (docs/operations.md, The run in the Temporal UI); registered
+#: by the stack.
 SA_AGENT = SearchAttributeKey.for_keyword("BatonAgent")
 SA_VERSION = SearchAttributeKey.for_keyword("BatonAgentVersion")
 SA_INVOKED_BY = SearchAttributeKey.for_keyword("BatonInvokedBy")
@@ -512,18 +539,46 @@ SA_STATUS = SearchAttributeKey.for_keyword("BatonStatus")
 SA_USER = SearchAttributeKey.for_keyword("BatonUser")
 SA_PARENT = SearchAttributeKey.for_keyword("BatonParentSession")
 SA_TEAM = SearchAttributeKey.for_keyword("BatonTeam")
-SEARCH_ATTRIBUTES = (SA_AGENT, SA_VERSION, SA_INVOKED_BY, SA_STATUS, SA_USER, SA_PARENT, SA_TEAM)
+#: Issue 12, item 1: the root session of the run tree (a root session's own id; a step's
+#: own id), on every session and step, so ``BatonRoot = "session-…"`` lists a whole run.
+SA_ROOT = SearchAttributeKey.for_keyword("BatonRoot")
+#: Issue 12, item 4: ``session`` | ``step``.
+SA_KIND = SearchAttributeKey.for_keyword("BatonKind")
+SEARCH_ATTRIBUTES = (
+    SA_AGENT,
+    SA_VERSION,
+    SA_INVOKED_BY,
+    SA_STATUS,
+    SA_USER,
+    SA_PARENT,
+    SA_TEAM,
+    SA_ROOT,
+    SA_KIND,
+)
+WorkflowKind = Literal["session", "step"]
+
+
+def _pinned_attributes(
+    kind: WorkflowKind, pin: str, user: str, root: str
+) -> list[SearchAttributePair[str]]:
+    slug, _, version = pin.partition("@")
+    return [
+        SearchAttributePair(SA_KIND, kind),
+        SearchAttributePair(SA_AGENT, slug),
+        SearchAttributePair(SA_VERSION, version),
+        SearchAttributePair(SA_USER, user),
+        SearchAttributePair(SA_STATUS, "running"),
+        SearchAttributePair(SA_ROOT, root),
+    ]
 
 
 def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
-    """The search attributes a session starts with (set by whoever starts it)."""
-    slug, _, version = inp.agent_pin.partition("@")
-    pairs: list[SearchAttributePair[str]] = [
-        SearchAttributePair(SA_AGENT, slug),
-        SearchAttributePair(SA_VERSION, version),
-        SearchAttributePair(SA_USER, inp.provenance.created_by_user),
-        SearchAttributePair(SA_STATUS, "running"),
-    ]
+    """The search attributes a session starts with (set by whoever starts it): BatonKind
+    ``session``, agent, version, user, status ``running``, BatonRoot (the run's root
+    session, this one's id for a root), and when set BatonInvokedBy, BatonParentSession,
+    BatonTeam."""
+    root = inp.provenance.root_session_id or inp.session_id
+    pairs = _pinned_attributes("session", inp.agent_pin, inp.provenance.created_by_user, root)
     for key, value in (
         (SA_INVOKED_BY, inp.provenance.invoked_by_agent),
         (SA_PARENT, inp.provenance.parent_session_id),
@@ -534,9 +589,17 @@ def initial_search_attributes(inp: SessionInput) -> TypedSearchAttributes:
     return TypedSearchAttributes(pairs)
 
 
-# --- X-Agent tools (seed 000) -------------------------------------------------
+def step_search_attributes(inp: StepInput) -> TypedSearchAttributes:
+    """The search attributes a step starts with (issue 12, item 4): BatonKind ``step``,
+    agent, version (``inp.agent_pin`` must be a pin), user, status ``running`` and
+    BatonRoot (the step's own id: a step is a tree of its own). The step workflow keeps
+    BatonStatus up to date (running | awaiting_handoff | completed | failed | rejected)."""
+    return TypedSearchAttributes(_pinned_attributes("step", inp.agent_pin, inp.user, inp.step_id))
 
-#: Policy-controlled operations (seed 003, 'Operations'); create always reviews.
+
+# --- X-Agent tools (Gamut X-Agent) -------------------------------------------------
+
+#: Policy-controlled operations (Gamut X-Agent Policies, 'Operations'); create always reviews.
 Operation = Literal["list", "read", "invoke", "create"]
 OPERATION_OF: dict[str, Operation] = {
     "list_agents": "list",
@@ -546,7 +609,7 @@ OPERATION_OF: dict[str, Operation] = {
     "get_agent_session_transcript": "read",
 }
 XAGENT_TOOLS = tuple(OPERATION_OF)
-#: Guard refusal codes (DESIGN §5), returned to the model in the tool error.
+#: Guard refusal codes (docs/xagent.md), returned to the model in the tool error.
 SELF_INVOCATION = "self_invocation"
 SELF_DELEGATION = "self_delegation"
 ONE_HOP_VIOLATION = "one_hop_violation"
@@ -565,12 +628,12 @@ class GuardRefusal(BaseModel):
 def cross_agent_guard(
     *, via: Via, caller: str, target: str | None, invoked: bool
 ) -> GuardRefusal | None:
-    """The guards every cross-agent path passes first, before ACL and policy (DESIGN §5).
+    """The guards every cross-agent path passes first, before ACL and policy (docs/xagent.md).
 
-    - self-invocation (seed 000): an agent never makes itself run through
+    - self-invocation (Gamut X-Agent): an agent never makes itself run through
       invoke_agent (``self_invocation``), delegate_to, a route or a mention
       (``self_delegation``);
-    - one hop (seed 000, 'One-hop invocation rule', applied to every path): an
+    - one hop (Gamut X-Agent, 'One-hop invocation rule', applied to every path): an
       invoked turn — any turn of a session another agent started, or a turn
       another agent sent — cannot make a third agent run (``one_hop_violation``).
       A subagent ``task`` of the agent's own published tree is exempt: the tree
@@ -706,7 +769,7 @@ Decision = Literal["deny", "allow_once", "always_allow"]
 
 
 class ReviewDecision(BaseModel):
-    """Signal ``review_decision`` argument (DESIGN §6).
+    """Signal ``review_decision`` argument (docs/xagent.md, Reviews).
 
     ``scope`` applies to ``always_allow``: ``target`` saves a per-target policy,
     ``all`` a global one (list is global only). ``decision_id`` lets the API tell
@@ -728,7 +791,8 @@ class ReviewDecision(BaseModel):
 
 
 class AuthorizeInput(BaseModel):
-    """``authorize`` activity input: ACL then policy for one X-Agent call (seed 003)."""
+    """``authorize`` activity input: ACL then policy for one X-Agent call (Gamut X-Agent
+    Policies)."""
 
     tool: ToolMessage
     user: str
@@ -738,7 +802,7 @@ class AuthorizeInput(BaseModel):
     preview: str = ""
     auth: bool = False
     invoked: bool = Field(
-        default=False, description="The calling turn is an invoked one (seed 000, one hop)."
+        default=False, description="The calling turn is an invoked one (Gamut X-Agent, one hop)."
     )
 
 
@@ -795,7 +859,8 @@ class XAgentCall(BaseModel):
 
 
 class DelegateInput(BaseModel):
-    """``delegate`` activity input (DESIGN §4): start or continue a target session."""
+    """``delegate`` activity input (docs/architecture.md, delegation): start or continue a
+    target session."""
 
     tool: ToolMessage
     delegation_id: str
@@ -815,11 +880,22 @@ class DelegateInput(BaseModel):
     run_limits: ResolvedLimits | None = None
     disable_delegation: bool = False
     invoked: bool = Field(
-        default=False, description="The calling turn is an invoked one (seed 000, one hop)."
+        default=False, description="The calling turn is an invoked one (Gamut X-Agent, one hop)."
     )
 
 
-# --- Delegation (seed 002 delegate_to, seed 004 subagent task) ---------------------
+# --- Delegation (AgentX Agent Teams delegate_to, Xema Agent Concepts subagent task) ---------------
+
+#: Namespace of delegated session ids (uuid5 of the delegation id: stable across retries).
+DELEGATION_NS = uuid.UUID("5f0f3c6e-7b1a-4d0e-9a55-0b8a7c1d2e3f")
+
+
+def delegated_session_id(delegation_id: str) -> str:
+    """The id of the session a delegation starts (``session-<uuid5>``): derived from the
+    delegation id, so a retried ``delegate`` attaches to what its first attempt started,
+    and the caller's workflow can name the child in its activity summary. Pure."""
+    return f"session-{uuid.uuid5(DELEGATION_NS, delegation_id)}"
+
 
 DELEGATION_TOOLS = ("delegate_to", "task")
 LIMIT_EXCEEDED = "limit_exceeded"
@@ -867,11 +943,19 @@ class RouteDecision(BaseModel):
     call: ToolCall | None = None
 
 
-# --- Workflow-agent steps (issue 6; seed 004 'One Agent, two execution experiences') ----
+# --- Workflow-agent steps (issue 6; Xema Agent Concepts 'One Agent, two execution experiences') ---
 
 StepStatus = Literal["running", "awaiting_handoff", "completed", "failed", "rejected"]
 STEP_CLOSED = ("completed", "failed", "rejected")
 INVALID_DELIVERABLE = "invalid_deliverable"
+#: Issue 12, item 4: the ApplicationError type a step's workflow fails with when the step
+#: ends ``failed`` or ``rejected`` (so the Temporal UI lists it under ExecutionStatus =
+#: "Failed"); the step row keeps the status and error the API reports.
+HANDOFF_TIMEOUT = "handoff_timeout"
+STEP_TIMEOUT = "step_timeout"
+STEP_REJECTED = "step_rejected"
+TOO_MANY_ATTEMPTS = "too_many_attempts"
+ATTEMPT_FAILED = "attempt_failed"
 
 
 class StepRetry(BaseModel):
@@ -966,7 +1050,7 @@ class LateDecision(BaseModel):
 
 
 SessionInput.model_rebuild()
-# --- Inquiries (issue 15: the ambassador, seed 002) ---------------------------------------
+# --- Inquiries (issue 15: the ambassador, AgentX Agent Teams) -------------------------------------
 
 
 class InquiryInput(BaseModel):
@@ -1024,7 +1108,7 @@ class InquiryResult(BaseModel):
     steps: int = 0
 
 
-# --- Agents outside Baton: external sessions over MCP (issue 13, DESIGN §11) ----------
+# --- Agents outside Baton: external sessions over MCP (issue 13, docs/mcp.md) ----------
 
 #: Update names on SessionWorkflow (stable once shipped).
 EXTERNAL_TOOL_CALL = "external_tool_call"
@@ -1039,7 +1123,7 @@ UNKNOWN_TOOL = "unknown_tool"
 
 class ExternalToolCall(BaseModel):
     """Update ``external_tool_call``: one X-Agent tool call an external process made over
-    MCP, run by the session's workflow exactly as a model's tool call (DESIGN §5).
+    MCP, run by the session's workflow exactly as a model's tool call (docs/xagent.md).
 
     ``call_id`` is the MCP layer's idempotency key (also the Update id's suffix); the
     workflow chooses where the result is stored. ``args`` are validated by the workflow

@@ -56,7 +56,7 @@ class Conflict(BatonError):
 
 
 class InvalidSpec(BatonError):
-    """An agent spec breaks a publish-time rule (400; seed 004, 'What bounds a tree')."""
+    """An agent spec breaks a publish-time rule (400; Xema Agent Concepts, 'What bounds a tree')."""
 
     status = 400
     title = "Invalid agent spec"
@@ -188,7 +188,7 @@ def validation_entries(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, st
 def spec_error(entries: list[dict[str, str]]) -> BatonError:
     """The error to report for validation ``entries`` (non-empty).
 
-    A removed field wins (400 ``removed_field``, seed 004); anything else is a
+    A removed field wins (400 ``removed_field``, Xema Agent Concepts); anything else is a
     :class:`SpecValidationError`. ``errors`` carries every entry.
     """
     removed = [e for e in entries if e["type"] == "removed_field"]

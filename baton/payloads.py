@@ -13,7 +13,7 @@ something the model can act on (a tool error, a validation error fed back) where
 caller can, and into a non-retryable ``result_too_large`` error everywhere else.
 
 Big content never needs to cross the boundary: transcripts live in the DB and results
-carry ids and previews (claim-check, DESIGN §4); only tool-call arguments and a step's
+carry ids and previews (claim-check, docs/sessions.md); only tool-call arguments and a step's
 deliverable are carried whole, and those are what these bounds are for.
 
 Pure and I/O-free: safe to import from workflow code.

@@ -12,10 +12,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
+from temporalio.envconfig import ClientConfigProfile
 
+from baton import temporal_ui
 from baton.contracts import SessionConfig
 from baton.errors import InvalidSettings
 
@@ -61,13 +63,22 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="BATON_", env_file=".env", extra="ignore", validate_default=True
     )
+    _ui_namespace: str | None = PrivateAttr(default=None)
 
     database_url: str = Field(
         default=DEFAULT_DATABASE_URL,
         description="SQLAlchemy URL: sqlite:///path or postgresql+psycopg://user:pw@host/db.",
     )
-    temporal_address: str = Field(default="localhost:7233", description="host:port of Temporal.")
-    temporal_namespace: str = Field(default="default")
+    temporal_address: str = Field(
+        default="localhost:7233",
+        description="host:port of the Temporal frontend (`baton dev` and `make demo` run "
+        "their own); when set it wins over the Temporal profile, its default only fills "
+        "what the profile leaves unset.",
+    )
+    temporal_namespace: str = Field(
+        default="default",
+        description="Temporal namespace; the same precedence over the profile as the address.",
+    )
     task_queue: str = Field(default="baton", description="Task queue the worker polls.")
     temporal_ui_url: str = Field(
         default="http://localhost:8233", description="Base URL of the Temporal Web UI for links."
@@ -78,26 +89,36 @@ class Settings(BaseSettings):
         le=7 * 86400,
         allow_inf_nan=False,
         description="Seconds a policy review waits for a decision before it is denied "
-        "(seed 003, 'Review timeout').",
+        "(Gamut X-Agent Policies, 'Review timeout'); read at launch: a running session keeps "
+        "its value.",
+    )
+    session_idle_timeout: float = Field(
+        default=_session_default("idle_timeout_s"),
+        gt=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="Seconds an idle session's workflow waits for the next message before "
+        "it completes; that message starts it again (state in the DB). 600: a conversation "
+        "in progress stays warm between messages, one left alone costs the worker nothing.",
     )
     max_delegation_depth: int = Field(
         default=_session_default("max_delegation_depth"),
         ge=1,
-        description="How many delegation hops a run may nest (seed 002).",
+        description="How many delegation hops a run may nest (AgentX Agent Teams).",
     )
     runtime_depth_ceiling: int = Field(
         default=_session_default("runtime_depth_ceiling"),
         ge=1,
-        description="Per-deployment nesting ceiling no agent setting can raise (seed 004, "
-        "'What bounds a tree').",
+        description="Per-deployment nesting ceiling no agent setting can raise (Xema Agent "
+        "Concepts, 'What bounds a tree'); BATON_MAX_DELEGATION_DEPTH may not exceed it.",
     )
     auth: Literal["off", "on"] = Field(
         default="off", description="'on' requires bearer API tokens and applies agent ACLs."
     )
     allow_adhoc_delegation: bool = Field(
         default=_session_default("allow_adhoc_delegation"),
-        description="Offer delegate_to and the roster to ordinary sessions (seed 002); the "
-        "roster itself is opt-in per agent.",
+        description="Offer delegate_to and the roster to ordinary sessions (AgentX Agent "
+        "Teams); the roster itself is opt-in per agent.",
     )
     delegation_timeout: float = Field(
         default=_session_default("delegation_timeout_s"),
@@ -120,11 +141,14 @@ class Settings(BaseSettings):
         default=_session_default("max_run_sessions"),
         ge=1,
         le=100_000,
-        description="Sessions one run may start in all, whatever its agents' limits say.",
+        description="Sessions one run may start in all (every delegation kind), whatever its "
+        "agents' limits say.",
     )
     api_url: str = Field(
         default="http://127.0.0.1:8000",
-        description="Where CLI commands that talk to the API (`baton reviews`) find it.",
+        description="Where the CLI commands that talk to the API (`baton run`, `trace`, "
+        "`reviews`, `step`, `usage`) find it; `--api` overrides it, and an unreachable API "
+        "is an error naming the URL and this variable.",
     )
     token: SecretStr | None = Field(
         default=None, description="Bearer API token the CLI sends in auth mode (BATON_TOKEN)."
@@ -140,7 +164,8 @@ class Settings(BaseSettings):
         default=None,
         description="Key of the proofs on review decisions (HMAC-SHA256), at least "
         f"{MIN_REVIEW_SECRET} characters, the same on every API replica and worker; "
-        "required with BATON_AUTH=on.",
+        "required with BATON_AUTH=on. Unset with auth off, a public development key is "
+        "used (proofs then only tell API decisions from raw Signals).",
     )
     # Issue 11 (helper E): the Temporal connection, worker versioning and shutdown.
     temporal_env_config: bool = Field(
@@ -154,7 +179,8 @@ class Settings(BaseSettings):
         gt=0,
         le=300,
         allow_inf_nan=False,
-        description="Seconds a connection to Temporal may take before startup fails.",
+        description="Seconds a connection to Temporal may take before startup fails (one "
+        "line, exit 1).",
     )
     # Issue 11: the worker's SIGTERM drain (deploy/ names it: terminationGracePeriodSeconds).
     worker_graceful_shutdown_s: float = Field(
@@ -163,7 +189,8 @@ class Settings(BaseSettings):
         le=3600,
         allow_inf_nan=False,
         description="Seconds a stopping worker (SIGTERM) lets in-flight activities finish "
-        "before cancelling them; keep it below the pod's terminationGracePeriodSeconds.",
+        "before cancelling them (they are retried elsewhere); keep it below the pod's "
+        "terminationGracePeriodSeconds.",
     )
     worker_deployment: str | None = Field(
         default=None,
@@ -244,7 +271,7 @@ class Settings(BaseSettings):
         default=None,
         pattern=r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$",
         description="Ambassador (an agent of kind ambassador) an inquiry gets when it names "
-        "none (seed 002, 'the default ambassador profile').",
+        "none (AgentX Agent Teams, 'the default ambassador profile').",
     )
     inquiry_max_steps: int = Field(
         default=8, ge=1, le=50, description="Model calls one inquiry may make (its step cap)."
@@ -254,7 +281,8 @@ class Settings(BaseSettings):
         gt=0,
         le=3600,
         allow_inf_nan=False,
-        description="Seconds POST /v1/sessions/{id}/inquiries waits for the answer.",
+        description="Seconds POST /v1/sessions/{id}/inquiries waits for the answer "
+        "(504 inquiry_timeout past it).",
     )
     voice_base_url: str | None = Field(
         default=None,
@@ -262,8 +290,12 @@ class Settings(BaseSettings):
         "/audio/transcriptions); unset = voice off.",
     )
     voice_api_key: SecretStr | None = Field(default=None, description="Key of the voice provider.")
-    voice_tts_model: str = Field(default="tts-1", max_length=200)
-    voice_stt_model: str = Field(default="whisper-1", max_length=200)
+    voice_tts_model: str = Field(
+        default="tts-1", max_length=200, description="Text-to-speech model of the voice."
+    )
+    voice_stt_model: str = Field(
+        default="whisper-1", max_length=200, description="Speech-to-text model of the voice."
+    )
     voice_name: str = Field(default="alloy", max_length=100, description="The speaking voice.")
     # Issue 12 item 6 (helper I): the worker's Prometheus endpoint (baton.telemetry).
     metrics_bind: str | None = Field(
@@ -284,7 +316,7 @@ class Settings(BaseSettings):
         return self
 
     def review_key(self) -> bytes:
-        """The key of review-decision proofs (issue 10, item 5; README "Reviews").
+        """The key of review-decision proofs (issue 10, item 5; docs/xagent.md, "Reviews").
 
         ``BATON_REVIEW_SECRET`` when set; unset with auth off, the public
         :data:`DEV_REVIEW_KEY` (there is no identity to protect: every API caller
@@ -316,6 +348,7 @@ class Settings(BaseSettings):
         return SessionConfig(
             default_model=self.model,
             review_timeout_s=self.review_timeout,
+            idle_timeout_s=self.session_idle_timeout,
             max_delegation_depth=self.max_delegation_depth,
             auth=self.auth == "on",
             allow_adhoc_delegation=self.allow_adhoc_delegation,
@@ -332,10 +365,40 @@ class Settings(BaseSettings):
             max_output_tokens=self.max_output_tokens,
         )
 
+    def resolve_namespace(self, profile_namespace: str | None) -> str:
+        """The namespace Baton works in: an explicitly set ``BATON_TEMPORAL_NAMESPACE``,
+        else the Temporal profile's (``profile_namespace``: TEMPORAL_NAMESPACE or the
+        profile file), else ``default`` (the one rule: ``worker.factory`` connects with it)."""
+        if "temporal_namespace" in self.model_fields_set or not profile_namespace:
+            return self.temporal_namespace
+        return profile_namespace
+
+    @property
+    def ui_namespace(self) -> str:
+        """:meth:`resolve_namespace` with the profile read as the clients read it (once per
+        Settings). A profile that cannot be read leaves links on BATON_TEMPORAL_NAMESPACE
+        (connecting reports the error, not a link)."""
+        if self._ui_namespace is None:
+            profile: str | None = None
+            if self.temporal_env_config:
+                try:
+                    profile = ClientConfigProfile.load().namespace
+                except (OSError, RuntimeError, ValueError):
+                    profile = None
+            self._ui_namespace = self.resolve_namespace(profile)
+        return self._ui_namespace
+
     def workflow_url(self, workflow_id: str) -> str:
-        """Temporal Web UI link to ``workflow_id``."""
-        base = self.temporal_ui_url.rstrip("/")
-        return f"{base}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
+        """Temporal Web UI link to ``workflow_id`` (its latest run) in Baton's namespace,
+        under ``BATON_TEMPORAL_UI_URL``."""
+        path = temporal_ui.workflow_path(self.ui_namespace, workflow_id)
+        return temporal_ui.absolute(self.temporal_ui_url, path)
+
+    def workflows_url(self, query: str) -> str:
+        """Temporal Web UI link to the workflow list filtered by visibility ``query``
+        (``BatonRoot = "session-…"``) in Baton's namespace (issue 12, item 1)."""
+        path = temporal_ui.workflows_path(self.ui_namespace, query)
+        return temporal_ui.absolute(self.temporal_ui_url, path)
 
     @property
     def database_url_redacted(self) -> str:

@@ -1,4 +1,4 @@
-"""Tracing and metrics (issue 12, items 5 and 6; README "Operations: tracing and metrics").
+"""Tracing and metrics (issue 12, items 5 and 6; docs/operations.md).
 
 **Tracing** is off unless the standard OpenTelemetry variables ask for it (see
 :func:`exporter_names`). When on, one trace spans an API request (FastAPI

@@ -67,7 +67,7 @@ def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
     """A ``baton`` subcommand as a child process (output to ``log``)."""
     out = log.open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "baton.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         cwd=ROOT,
         env=env,
         stdout=out,

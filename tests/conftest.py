@@ -22,6 +22,8 @@ import sqlalchemy as sa
 import uvicorn
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -224,6 +226,16 @@ async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=venv_bin("temporal-test-server"),
         data_converter=pydantic_data_converter,
+    )
+    # Steps start with Baton's search attributes (issue 12, item 4). The Java server has no
+    # ListSearchAttributes (so no `ensure_search_attributes`), but it does take the add.
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=env.client.namespace,
+            search_attributes={
+                key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for key in SEARCH_ATTRIBUTES
+            },
+        )
     )
     try:
         yield env

@@ -3,7 +3,8 @@
 Run from the repo root when a workflow change is *meant* to change commands
 (and gate it with ``workflow.patched``):
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
-legacy-tool-name, legacy-delegation-names, xagent, delegation, step; default all).
+legacy-tool-name, legacy-delegation-names, xagent, delegation, step, step-ends, idle;
+default all).
 Existing files are kept, so histories from older code stay in the suite.
 """
 
@@ -238,6 +239,77 @@ async def step_scenarios(client: Client, engine: Engine, worker: Worker) -> None
     await save(client, handed, "step-handoff")
 
 
+async def step_end_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """Steps that do not complete: invalid deliverables up to max_attempts, a rejected
+    handoff, a handoff timeout and the step's own timeout. Recorded on code from before
+    the failed-step patch (the workflow completed with the status) and after it (the
+    workflow fails with the step's code), so both replay."""
+    from temporalio.client import WorkflowFailureError
+
+    from baton.contracts import HandoffDecision, StepInput, StepRetry
+    from baton.storage.db import StepRow
+    from tests.helpers import wait_for
+    from tests.test_steps import VALID, run_step
+
+    async def ended(step_id: str) -> None:
+        with contextlib.suppress(WorkflowFailureError):
+            await client.get_workflow_handle(step_id).result()
+
+    def status(step_id: str) -> str:
+        with session_scope(engine) as s:
+            row = s.get(StepRow, step_id)
+            return row.status if row else ""
+
+    publish(engine, "stubborn", playbook=[{"reply": "not json at all"}])
+    retry = StepRetry(max_attempts=2, initial_interval_s=0.01)
+    invalid = await run_step(client, engine, worker.task_queue, "stubborn", retry=retry)
+    await ended(invalid)
+    await save(client, invalid, "step-invalid")
+
+    publish(engine, "drafter", playbook=[{"reply": VALID}])
+    rejected = await run_step(client, engine, worker.task_queue, "drafter", handoff=True)
+    await wait_for(lambda: status(rejected) == "awaiting_handoff")
+    await client.get_workflow_handle(rejected).signal(
+        "handoff", HandoffDecision(decision="reject", feedback="off topic")
+    )
+    await ended(rejected)
+    await save(client, rejected, "step-rejected")
+
+    waited = await run_step(
+        client, engine, worker.task_queue, "drafter", handoff=True, handoff_timeout_s=1.0
+    )
+    await ended(waited)
+    await save(client, waited, "step-handoff-timeout")
+
+    publish(engine, "dawdler", playbook=[{"reply": "w " * 40, "chunk_delay_ms": 100}])
+    late = f"step-{uuid.uuid4()}"
+    await launching.launch_step(
+        client,
+        engine,
+        task_queue=worker.task_queue,
+        ref="dawdler",
+        inp=StepInput(
+            step_id=late, agent_pin="dawdler", input="go", timeout_s=1.0, config=TEST_CONFIG
+        ),
+    )
+    await ended(late)
+    await save(client, late, "step-timeout")
+
+
+async def idle_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """A session whose run completes idle, restarted by its next message (update-with-start)
+    and completing idle again; an external session completing idle."""
+    from tests.test_idle_sessions import completed
+
+    publish(engine, "echo", playbook=[{"reply": "you said {last_message}"}])
+    idle = TEST_CONFIG.model_copy(update={"idle_timeout_s": 1.0})
+    run = await launch(client, engine, worker, "echo", "one", config=idle)
+    await completed(client, run.session_id)
+    await launching.send_message(client, engine, session_id=run.session_id, prompt="two", sync=True)
+    await completed(client, run.session_id)
+    await save(client, run.session_id, "idle-restart")
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return session_store.get_session(s, session_id=session_id).status
@@ -250,6 +322,8 @@ SCENARIOS = {
     "xagent": xagent_scenarios,
     "delegation": delegation_scenarios,
     "step": step_scenarios,
+    "step-ends": step_end_scenarios,
+    "idle": idle_scenarios,
 }
 
 

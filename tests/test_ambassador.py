@@ -1,4 +1,4 @@
-"""The ambassador (issue 15, seed 002 'Ambassador'): inquiries beside a session, its
+"""The ambassador (issue 15, AgentX Agent Teams 'Ambassador'): inquiries beside a session, its
 read-only tool belt, the step cap, drafts sent by a person, and the no-pollution invariant."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Reviews, policies and audit over real HTTP: uvicorn + real worker + dev server + SQLite.
 
-Seed 003 and DESIGN §6/§8: ``GET /v1/reviews``, ``POST /v1/reviews/{id}/decision``,
+Gamut X-Agent Policies and docs/xagent.md, Reviews: ``GET /v1/reviews``,
+``POST /v1/reviews/{id}/decision``,
 ``GET|PUT /v1/agents/{slug}/policies``, ``GET /v1/audit``, provenance of invoked sessions.
 """
 

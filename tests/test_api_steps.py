@@ -1,7 +1,7 @@
 """Workflow-agent steps, usage and the balance over real HTTP: uvicorn + worker + dev server.
 
-Issue 6; seed 004 ('One Agent, two execution experiences', 'What bounds a tree': spend);
-DESIGN §4, §8, §9. ``POST|GET /v1/steps``, ``GET /v1/steps/{id}``,
+Issue 6; Xema Agent Concepts ('One Agent, two execution experiences', 'What bounds a tree': spend);
+docs/steps.md, docs/metering.md. ``POST|GET /v1/steps``, ``GET /v1/steps/{id}``,
 ``POST /v1/steps/{id}/handoff``, ``GET /v1/usage``, ``GET|PUT /v1/balance``.
 Workflow-level behaviour (backoff timers, handoff timeout, the stream cut) is in
 tests/test_steps.py; these tests drive the same engine through the API.
@@ -25,9 +25,9 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from activities.steps import StepActivities
-from baton.cli import app as cli_app
 from baton.contracts import StepUpdate
 from baton.settings import get_settings
+from cli import app as cli_app
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, agent, poll, running_stack
 

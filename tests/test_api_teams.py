@@ -1,5 +1,6 @@
 """Teams over real HTTP: /v1/teams CRUD and validation, `baton apply` teams, team runs
-with a real worker (routing priority, trace, delegation events) (seed 002; DESIGN §7, §8)."""
+with a real worker (routing priority, trace, delegation events) (AgentX Agent Teams;
+docs/teams.md; docs/api.md)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def db_url(tmp_path: Path) -> str:
 def baton(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BATON_DATABASE_URL": db_url, "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "baton.cli", *args],
+        [sys.executable, "-m", "cli", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -1,4 +1,5 @@
-"""Auth mode (BATON_AUTH=on): bearer tokens, agent ACLs, and ACL before policy (seed 003)."""
+"""Auth mode (BATON_AUTH=on): bearer tokens, agent ACLs, and ACL before policy (Gamut
+X-Agent Policies)."""
 
 from __future__ import annotations
 

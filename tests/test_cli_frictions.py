@@ -139,6 +139,25 @@ def test_trace_labels_durations_and_shows_delegation_status_and_child(
     assert "run total: tokens in/out " in out
 
 
+def test_trace_prints_each_nodes_temporal_ui_link_and_the_run_tree(
+    stack: Stack, reviewed_run: dict[str, Any]
+) -> None:
+    """The API trace has each node's `workflow_url` and the root's `run_tree_url`;
+    `baton trace` prints both (issue 12, item 1)."""
+    sid = reviewed_run["session_id"]
+    body = stack.http.get(f"/v1/sessions/{sid}/trace").json()
+    (child,) = body["children"]
+    settings = stack.settings
+    assert body["workflow_url"] == settings.workflow_url(sid)
+    assert child["workflow_url"] == settings.workflow_url(child["session_id"])
+    assert body["run_tree_url"] == settings.workflows_url(f'BatonRoot = "{sid}"')
+    assert child["run_tree_url"] is None
+    out = ANSI.sub("", baton(stack, "trace", sid).stdout)
+    for node in (body, child):
+        assert f"Temporal UI: {node['workflow_url']}" in out, out
+    assert f"run tree in the Temporal UI: {body['run_tree_url']}" in out
+
+
 def test_unknown_cost_is_null_in_trace_and_usage_and_unknown_in_the_cli(
     stack: Stack, reviewed_run: dict[str, Any]
 ) -> None:

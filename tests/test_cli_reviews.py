@@ -14,10 +14,10 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
 from api.app import create_app
-from baton import cli as cli_module
-from baton.cli import app
 from baton.settings import Settings, get_settings
 from baton.storage.db import ApiToken, init_db, make_engine, session_scope
+from cli import app
+from cli import common as cli_module
 from tests.conftest import serve
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import (

@@ -13,9 +13,9 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
-from baton.cli import app
 from baton.settings import get_settings
 from baton.storage.db import StepRow, session_scope
+from cli import app
 from tests.test_api_reviews import Stack, agent, poll, running_stack
 from worker.stack import free_port
 
@@ -131,7 +131,7 @@ def test_handoff_stops_at_awaiting_handoff_with_the_hint(run: Run, stack: Stack)
     assert deliverable_of(result)["title"] == "Q3 report"
     assert f"decide:POST/v1/steps/{sid}/handoff" in squashed(result.stdout)
     assert '"approve"|"revise"|"reject"' in squashed(result.stdout)
-    # The README's next step: revise with feedback (another attempt), then approve.
+    # The docs' next step (docs/steps.md): revise with feedback (another attempt), then approve.
     revise = {"decision": "revise", "feedback": "Mention the new region."}
     assert stack.http.post(f"/v1/steps/{sid}/handoff", json=revise).status_code == 202
 

@@ -2,7 +2,7 @@
 against the real API + worker + Temporal dev server + SQLite file.
 
 Chromium comes from ``apt-get install chromium`` (.ci/run); it is never downloaded.
-Set ``BATON_SCREENSHOTS=1`` to refresh the README's screenshots in docs/screenshots/.
+Set ``BATON_SCREENSHOTS=1`` to refresh the screenshots of docs/console.md (docs/screenshots/).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Delegation on a real dev server: isolation and the shared channel, the ad-hoc roster,
 limits at their edge, subagent trees, tool isolation, events, attribution and the cancel
-cascade (seed 002; seed 004 'Subagents', 'What bounds a tree'; DESIGN §3, §4, §7)."""
+cascade (AgentX Agent Teams; Xema Agent Concepts 'Subagents', 'What bounds a tree';
+docs/teams.md)."""
 
 from __future__ import annotations
 
@@ -756,7 +757,7 @@ async def test_token_budget_stops_a_model_call_inside_the_subtree(
     assert edge.status == "failed" and edge.error and "limit_exceeded" in edge.error
 
 
-# --- subagent trees (seed 004) ------------------------------------------------------------
+# --- subagent trees (Xema Agent Concepts) ---------------------------------------------------------
 
 
 async def test_task_runs_a_subagent_with_node_overrides(

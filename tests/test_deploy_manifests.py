@@ -19,8 +19,8 @@ import typer
 import yaml
 
 from api.app import create_app
-from baton.cli import app as cli_app
 from baton.settings import Settings
+from cli import app as cli_app
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

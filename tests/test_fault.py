@@ -44,7 +44,7 @@ def worker_env(
 def start_worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`baton worker` as a real child process."""
     return subprocess.Popen(
-        [sys.executable, "-m", "baton.cli", "worker"],
+        [sys.executable, "-m", "cli", "worker"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

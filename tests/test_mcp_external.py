@@ -274,7 +274,7 @@ def test_external_process_posts_its_own_messages(stack: Stack) -> None:
 def test_an_external_session_invoked_by_another_agent_cannot_invoke(
     stack: Stack, temporal_env: WorkflowEnvironment
 ) -> None:
-    """One hop follows the external session's provenance (seed 000): a session another agent
+    """One hop follows the external session's provenance (Gamut X-Agent): a session another agent
     started gets ``one_hop_violation`` for invoke_agent, before any policy or review."""
     http = stack.http
     agent(http, "outside")

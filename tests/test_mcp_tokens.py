@@ -90,7 +90,7 @@ def test_reissue_revokes_the_old_token_and_stores_only_digests(
 
 def test_expired_and_closed_session_tokens_are_refused(tmp_path: Path) -> None:
     """A token is valid up to its expiry and refused at it; a cancelled session's token is
-    refused too (seed 000: the token lives with its session)."""
+    refused too (Gamut X-Agent: the token lives with its session)."""
     db_url = f"sqlite:///{tmp_path / 'expiry.db'}"
     sid, _ = setup(db_url)
     engine = make_engine(db_url)

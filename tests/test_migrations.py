@@ -29,15 +29,15 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
-from baton.cli import app
 from baton.settings import get_settings
 from baton.storage import migrate
 from baton.storage.db import Agent, MessageRow, SessionRow, init_db, make_engine, session_scope
+from cli import app
 from tests.test_fault import worker_env
 from worker.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-BATON = [sys.executable, "-m", "baton.cli"]
+BATON = [sys.executable, "-m", "cli"]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -70,14 +70,24 @@ def empty_engine(empty_url: str) -> Iterator[Engine]:
 
 
 def add_rows(engine: Engine) -> None:
-    """An agent, a session and one message: rows an upgrade must keep."""
-    with session_scope(engine) as s:
-        s.add(Agent(slug="keeper", name="Keeper"))
-        s.add(SessionRow(id="session-keep", agent_slug="keeper", agent_version=1))
-    with session_scope(engine) as s:
-        s.add(
-            MessageRow(id="m1", session_id="session-keep", position="0001", role="user", text="hi")
-        )
+    """An agent, a session and one message: rows an upgrade must keep.
+
+    Written through the tables as the database has them (reflected), with the models'
+    defaults: a database at an older revision lacks the columns added since (e.g.
+    ``sessions.resume_input``), which an ORM insert would name.
+    """
+    rows_ = [
+        Agent(slug="keeper", name="Keeper"),
+        SessionRow(id="session-keep", agent_slug="keeper", agent_version=1),
+        MessageRow(id="m1", session_id="session-keep", position="0001", role="user", text="hi"),
+    ]
+    with engine.begin() as conn:
+        for row in rows_:
+            table = sa.Table(str(row.__tablename__), sa.MetaData(), autoload_with=conn)
+            values = {c.name: getattr(row, c.name, None) for c in table.columns}
+            # None: the column's own default (an autoincrement id, NULL).
+            values = {k: v for k, v in values.items() if v is not None}
+            conn.execute(table.insert().values(**values))
 
 
 def rows(engine: Engine) -> tuple[list[str], list[str]]:

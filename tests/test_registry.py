@@ -1,4 +1,5 @@
-"""Registry semantics on SQLite and on a real PostgreSQL (seed 004, 'Identity, drafts, …')."""
+"""Registry semantics on SQLite and on a real PostgreSQL (Xema Agent Concepts, 'Identity,
+drafts, …')."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay checked-in histories against today's workflow code (DESIGN §10, determinism)."""
+"""Replay checked-in histories against today's workflow code (docs/development.md, determinism)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from temporalio.worker import Replayer
 from workflows.session import SessionWorkflow
 from workflows.step import AgentStepWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HERE = Path(__file__).parent / "histories"
+HISTORIES = sorted(HERE.glob("*.json"))
 
 
 def test_histories_are_checked_in() -> None:
@@ -34,10 +35,27 @@ def test_histories_are_checked_in() -> None:
     assert "delegation-names-prepatch-v4" in names
     # AgentStepWorkflow: a schema retry and a revise-then-approve handoff.
     assert {"step-schema-retry-v6", "step-handoff-v6"} <= names
+    # Steps that end failed or rejected, before the patches (v6: the workflow completed
+    # with the status) and after (v7: BatonStatus upserts, the workflow fails with the
+    # step's code; completed steps too, with their upserts).
+    ends = ("step-invalid", "step-rejected", "step-handoff-timeout", "step-timeout")
+    assert {f"{kind}-{tag}" for kind in ends for tag in ("v6", "v7")} <= names
+    assert {"step-schema-retry-v7", "step-handoff-v7"} <= names
+    # v7: after the idle-completion patch (an idle timer after each turn): the base and
+    # X-Agent runs, and a run completing idle then restarted by its next message.
+    for kind in ("tool-loop", "continue-as-new", "cancelled", "failed-turn"):
+        assert f"{kind}-v7" in names
+    assert {"xagent-review-allowed-v7", "xagent-review-timeout-v7", "idle-restart-v7"} <= names
+    assert (HERE / "idle-restart-v7-run2.json").exists()
     # perf14: load_agent and settle_review as local activities (issue 14).
     for kind in ("tool-loop", "continue-as-new", "cancelled", "failed-turn"):
         assert f"{kind}-perf14" in names
     assert {"xagent-review-allowed-perf14", "xagent-review-timeout-perf14"} <= names
+    # v8: the merged code of issues 12, 14 and 16 (idle completion, local activities, the
+    # failed-step patch and the SessionWorkflow split into sections) recorded as one.
+    v8 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
+    assert {f"{kind}-v8" for kind in v8} <= names
+    assert {"xagent-review-allowed-v8", "step-invalid-v8", "step-timeout-v8"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -1,4 +1,5 @@
-"""Resolution rules: prompt modes, merge rules, narrowing only (seed 004, 'Inheritance')."""
+"""Resolution rules: prompt modes, merge rules, narrowing only (Xema Agent Concepts,
+'Inheritance')."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Proven review decisions and late decisions (issue 10, items 5 and 9; seed 003).
+"""Proven review decisions and late decisions (issue 10, items 5 and 9; Gamut X-Agent Policies).
 
 The API and the worker sign every decision they send (HMAC-SHA256 keyed with
 BATON_REVIEW_SECRET); ``settle_review`` records an unproven one, such as a raw
@@ -176,8 +176,8 @@ def test_the_review_secret_is_required_in_auth_mode_and_32_characters_long(
 @pytest.mark.parametrize(
     ("argv", "exit_code"),
     [
-        (["baton.cli", "api"], 1),
-        (["baton.cli", "worker"], 1),
+        (["cli", "api"], 1),
+        (["cli", "worker"], 1),
         # The app factory itself (deployments may run it under uvicorn): its lifespan refuses.
         (["uvicorn", "api.app:create_app", "--factory", "--port", "0"], 3),
     ],

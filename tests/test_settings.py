@@ -64,6 +64,16 @@ def test_bad_values_are_refused() -> None:
         Settings(auth="maybe")
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", str(7 * 86400 + 1)])
+def test_session_idle_timeout_is_positive_finite_and_at_most_a_week(value: str) -> None:
+    """BATON_SESSION_IDLE_TIMEOUT: 0, negative, inf/nan or over 7 days is refused; a week
+    and a fraction of a second are taken, and reach the sessions' config."""
+    with pytest.raises(ValidationError):
+        Settings(session_idle_timeout=value)
+    assert Settings(session_idle_timeout=7 * 86400).session_config().idle_timeout_s == 7 * 86400
+    assert Settings(session_idle_timeout=0.5).session_config().idle_timeout_s == 0.5
+
+
 def test_repr_hides_the_database_password() -> None:
     """The database password never appears in repr/str of the settings."""
     s = Settings(database_url="postgresql+psycopg://baton:s3cret-pw@db:5432/baton")
@@ -74,7 +84,7 @@ def test_repr_hides_the_database_password() -> None:
 def test_importing_reads_no_settings_and_touches_no_disk(tmp_path: Path) -> None:
     """Importing the app, CLI and registry neither loads settings nor creates ./.baton."""
     code = (
-        "import api.app, baton.cli, baton.agents.registry, baton.agents.apply\n"
+        "import api.app, cli, baton.agents.registry, baton.agents.apply\n"
         "from baton.settings import get_settings\n"
         "assert get_settings.cache_info().currsize == 0\n"
         "import os; assert not os.path.exists('.baton')\n"

@@ -1,4 +1,5 @@
-"""The authored spec: schema strictness, removed fields, tree bounds, digests (seed 004)."""
+"""The authored spec: schema strictness, removed fields, tree bounds, digests (Xema Agent
+Concepts)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Teams and delegation on a real dev server (seed 002; seed 004 subagents; DESIGN §7)."""
+"""Teams and delegation on a real dev server (AgentX Agent Teams; Xema Agent Concepts
+subagents; docs/teams.md)."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -9,7 +10,8 @@ from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowHandle
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -19,6 +21,8 @@ from baton.contracts import (
     ModelTurnInput,
     ModelTurnResult,
     ResolvedAgent,
+    ResumePoint,
+    SessionConfig,
     SessionInput,
     StatusChange,
     ToolInput,
@@ -26,6 +30,8 @@ from baton.contracts import (
     TurnFailure,
     UserMessage,
 )
+from baton.settings import Settings
+from tests.helpers import skip_to_timer_offset
 from workflows.session import SessionWorkflow
 
 
@@ -39,6 +45,7 @@ class FakeActivities:
         self.model_attempts = 0
         self.failures: list[str] = []
         self.final_statuses: list[str] = []
+        self.resume_points: list[ResumePoint] = []
 
     @activity.defn(name="load_agent")
     async def load_agent(self, inp: LoadAgentInput) -> ResolvedAgent:
@@ -70,6 +77,10 @@ class FakeActivities:
     async def set_status(self, inp: StatusChange) -> None:
         return None
 
+    @activity.defn(name="record_resume")
+    async def record_resume(self, point: ResumePoint) -> None:
+        self.resume_points.append(point)
+
     def all(self) -> list[Callable[..., Any]]:
         return [
             self.load_agent,
@@ -77,18 +88,24 @@ class FakeActivities:
             self.run_tool,
             self.record_failure,
             self.set_status,
+            self.record_resume,
         ]
 
 
 async def run_session(
-    env: WorkflowEnvironment, fakes: FakeActivities
+    env: WorkflowEnvironment, fakes: FakeActivities, config: SessionConfig | None = None
 ) -> tuple[WorkflowHandle[SessionWorkflow, str], Worker]:
     queue = f"tq-{uuid.uuid4()}"
     worker = Worker(
         env.client, task_queue=queue, workflows=[SessionWorkflow], activities=fakes.all()
     )
     sid = f"session-{uuid.uuid4()}"
-    inp = SessionInput(session_id=sid, agent_pin="bot@1", first_message=UserMessage(prompt="hi"))
+    inp = SessionInput(
+        session_id=sid,
+        agent_pin="bot@1",
+        first_message=UserMessage(prompt="hi"),
+        config=config or SessionConfig(),
+    )
     await worker.__aenter__()
     handle = await env.client.start_workflow(SessionWorkflow.run, inp, id=sid, task_queue=queue)
     return handle, worker
@@ -159,4 +176,86 @@ async def test_unloadable_pin_fails_the_session_for_good(skipping_env: WorkflowE
         assert await handle.result() == "failed"
         assert fakes.final_statuses == ["failed"] and fakes.model_attempts == 0
     finally:
+        await worker.__aexit__(None, None, None)
+
+
+IDLE = timedelta(seconds=600)
+
+
+async def idle_timer(handle: WorkflowHandle[Any, Any]) -> None:
+    """Wait (real time) until the run has started its idle timer: its turn is over."""
+    for _ in range(300):
+        events = (await handle.fetch_history()).events
+        if any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{handle.id} started no idle timer")
+
+
+def test_the_default_idle_timeout_is_600_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BATON_SESSION_IDLE_TIMEOUT unset: a session's run completes after 600 s idle."""
+    monkeypatch.delenv("BATON_SESSION_IDLE_TIMEOUT", raising=False)
+    assert Settings().session_config().idle_timeout_s == 600.0
+    assert SessionConfig().idle_timeout_s == 600.0
+
+
+async def test_an_idle_session_completes_at_the_idle_timeout_not_before(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """After its turn the run waits 600 s for a message: still running 1 s before the bound,
+    completed (result ``idle``, its resume point stored) once the bound has passed."""
+    fakes = FakeActivities(fail_times=0)
+    handle, worker = await run_session(skipping_env, fakes)
+    try:
+        await idle_timer(handle)
+        await skip_to_timer_offset(skipping_env, handle, IDLE, IDLE - timedelta(seconds=1))
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert fakes.resume_points == []
+        assert await handle.query(SessionWorkflow.status) == "idle"
+        assert await handle.result() == "idle"  # the server skips the last second
+        events = (await handle.fetch_history()).events
+        (timer,) = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+        waited = events[-1].event_time.ToDatetime() - timer.event_time.ToDatetime()
+        assert IDLE <= waited < IDLE + timedelta(seconds=5), waited
+        (point,) = fakes.resume_points
+        assert (point.input.turn, point.input.agent is not None) == (1, True)
+        assert point.input.first_message is None and point.task_queue == worker.task_queue
+    finally:
+        await worker.__aexit__(None, None, None)
+
+
+async def test_a_turn_longer_than_the_idle_timeout_is_not_idle_time(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """The idle timer starts once the turn has ended: a turn spending 31 s in retry
+    backoff (1+2+4+8+16 s) under a 10 s idle timeout still answers, then the run idles."""
+    fakes = FakeActivities(fail_times=5)  # backoff 1+2+4+8+16 s, then it answers
+    slow = SessionConfig(idle_timeout_s=10.0)
+    handle, worker = await run_session(skipping_env, fakes, slow)
+    try:
+        assert await handle.result() == "idle"
+        assert fakes.model_attempts == 6
+        events = (await handle.fetch_history()).events
+        (timer,) = [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+        started = events[0].event_time.ToDatetime()
+        assert timer.event_time.ToDatetime() - started >= timedelta(seconds=31)
+    finally:
+        await worker.__aexit__(None, None, None)
+
+
+async def test_without_an_idle_timeout_the_session_waits_forever(
+    skipping_env: WorkflowEnvironment,
+) -> None:
+    """``idle_timeout_s=None`` (as runs from before the idle patch behave): no idle timer,
+    the run is still open two hours (twelve default idle timeouts) later."""
+    fakes = FakeActivities(fail_times=0)
+    handle, worker = await run_session(skipping_env, fakes, SessionConfig(idle_timeout_s=None))
+    try:
+        await skipping_env.sleep(timedelta(hours=2))
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert fakes.model_attempts == 1 and fakes.resume_points == []
+        events = (await handle.fetch_history()).events
+        assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    finally:
+        await handle.terminate()
         await worker.__aexit__(None, None, None)

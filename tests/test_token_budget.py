@@ -1,4 +1,5 @@
-"""token_budget reserves what calls in flight may spend (issue 10, item 6; seed 004 limits).
+"""token_budget reserves what calls in flight may spend (issue 10, item 6; Xema Agent
+Concepts limits).
 
 Storage-level rules on SQLite and PostgreSQL (admission at the edge, reservations
 reused, settled, released), the scripted model's max_tokens, and a parallel fan-out

@@ -1,4 +1,5 @@
-"""X-Agent tools, guards, policies and reviews on a real dev server (seeds 000, 003)."""
+"""X-Agent tools, guards, policies and reviews on a real dev server (Gamut X-Agent and
+X-Agent Policies)."""
 
 from __future__ import annotations
 

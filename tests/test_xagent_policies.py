@@ -1,4 +1,5 @@
-"""X-Agent policies, reviews, guards and tools end to end on the dev server (seeds 000, 003).
+"""X-Agent policies, reviews, guards and tools end to end on the dev server (Gamut X-Agent
+and X-Agent Policies).
 
 Callers are scripted: on a trigger message they call one X-Agent tool and then echo
 its result (``RESULT <tool output>``). Reviews use the Signal ``review_decision``.

@@ -1,4 +1,5 @@
-"""The 300 s default review timeout under the time-skipping test server (seed 003, DESIGN §10).
+"""The 300 s default review timeout under the time-skipping test server (Gamut X-Agent
+Policies, docs/development.md).
 
 The Java test server has no Updates: sessions start with their first message in
 ``SessionInput.first_message`` and decisions are Signals. Activities are Baton's
@@ -14,12 +15,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy.engine import Engine
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton.agents import registry
-from baton.contracts import Provenance, SessionInput, UserMessage
+from baton.contracts import Provenance, SessionConfig, SessionInput, UserMessage
 from baton.runs import session_store
 from baton.settings import Settings
 from baton.storage.db import session_scope
@@ -45,7 +46,11 @@ def skipping_worker(env: WorkflowEnvironment, engine: Engine, queue: str) -> Wor
 
 
 async def start_caller(
-    env: WorkflowEnvironment, engine: Engine, queue: str, prompt: str = "go"
+    env: WorkflowEnvironment,
+    engine: Engine,
+    queue: str,
+    prompt: str = "go",
+    config: SessionConfig = TEST_CONFIG,
 ) -> WorkflowHandle[Any, Any]:
     """Record a session of ``caller`` and start it with its first message in the input."""
     sid = f"session-{uuid.uuid4()}"
@@ -63,7 +68,7 @@ async def start_caller(
         session_id=sid,
         agent_pin=f"caller@{version}",
         provenance=Provenance(),
-        config=TEST_CONFIG,
+        config=config,
         first_message=UserMessage(prompt=prompt),
     )
     return await env.client.start_workflow("Session", inp, id=sid, task_queue=queue)
@@ -116,6 +121,43 @@ async def test_review_times_out_after_the_default_300_s(
             assert len(audit_rows(db_engine)) == 1
         finally:
             await handle.terminate()
+
+
+async def test_a_review_longer_than_the_idle_timeout_is_not_idle(
+    skipping_env: WorkflowEnvironment, db_engine: Engine
+) -> None:
+    """RUNNING means work in flight: a review waiting 290 s under a 60 s idle timeout keeps
+    the run open; once it has timed out and the turn ended, the run completes 60 s later
+    (not at 59 s), its resume point on the session row."""
+    setup_pair(db_engine, "invoke_agent", INVOKE)
+    queue = f"tq-{uuid.uuid4()}"
+    config = TEST_CONFIG.model_copy(update={"idle_timeout_s": 60.0})
+    async with skipping_worker(skipping_env, db_engine, queue):
+        handle = await start_caller(skipping_env, db_engine, queue, config=config)
+        (review,) = await open_reviews(skipping_env.client, db_engine, handle.id)
+        await skip_to_timer_offset(
+            skipping_env, handle, timedelta(seconds=300), timedelta(seconds=290)
+        )
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert await handle.query("status") == "awaiting_input"
+        await skipping_env.sleep(timedelta(seconds=15))
+        assert (await settled(db_engine, review.id)).status == "timed_out"
+        await wait_for(lambda: status(db_engine, handle.id) == "idle")
+        idle = timedelta(seconds=60)
+        for _ in range(300):  # the idle timer starts once the workflow has ended the turn
+            if any(
+                e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta() == idle
+                for e in (await handle.fetch_history()).events
+            ):
+                break
+            await asyncio.sleep(0.05)
+        await skip_to_timer_offset(skipping_env, handle, idle, timedelta(seconds=59))
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        assert await handle.result() == "idle"
+        with session_scope(db_engine) as s:
+            stored = session_store.get_session(s, session_id=handle.id).resume_input
+        assert stored is not None and stored["input"]["turn"] == 1
+        assert status(db_engine, handle.id) == "idle"
 
 
 DECIDED_IN_TIME = [

@@ -131,6 +131,7 @@ def activities_for(
         acts.run_tool,
         acts.record_failure,
         acts.set_status,
+        acts.record_resume,
         xagent.authorize,
         xagent.settle_review,
         xagent.refuse_tool,
@@ -178,8 +179,7 @@ def temporal_connect_config(settings: Settings) -> ClientConnectConfig:
     explicit = settings.model_fields_set
     if "temporal_address" in explicit or "target_host" not in config:
         config["target_host"] = settings.temporal_address
-    if "temporal_namespace" in explicit or "namespace" not in config:
-        config["namespace"] = settings.temporal_namespace
+    config["namespace"] = settings.resolve_namespace(config.get("namespace"))
     return config
 
 

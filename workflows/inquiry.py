@@ -1,4 +1,4 @@
-"""InquiryWorkflow: one question to an ambassador, answered durably (issue 15, seed 002).
+"""InquiryWorkflow: one question to an ambassador, answered durably (issue 15, AgentX Agent Teams).
 
 Id ``inquiry-<uuid>``. A bounded loop: each model call is the ``inquiry_turn``
 activity, each call of its read-only tool belt the ``inquiry_tool`` activity,

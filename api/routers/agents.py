@@ -1,4 +1,4 @@
-"""``/v1/agents``: identities, drafts, revisions, the live pointer, resolution (DESIGN §8)."""
+"""``/v1/agents``: identities, drafts, revisions, the live pointer, resolution (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ def resolved(
         int | None, Query(ge=1, le=MAX_VERSION, description="A pinned revision; omit = live")
     ] = None,
 ) -> ResolvedAgent:
-    """The revision after inheritance and narrowing (README 'Resolution rules')."""
+    """The revision after inheritance and narrowing (docs/agents.md, 'Resolution rules')."""
     caller.require(session, slug, "viewer")
     ref = f"{slug}@{version}" if version is not None else slug
     return registry.resolve_agent(session, ref=ref, user=_acl_user(caller))
@@ -234,7 +234,7 @@ def resolved(
 def get_policies(slug: SlugPath, session: SessionDep, caller: CallerDep) -> policies.Policies:
     """``{global: {list, read, invoke}, targets: {slug: {read, invoke}}}``; review = no row.
 
-    In auth mode, targets the user cannot see are hidden (seed 003); a PUT keeps
+    In auth mode, targets the user cannot see are hidden (Gamut X-Agent Policies); a PUT keeps
     their rows and refuses to name them (404, as for an unknown agent).
     """
     caller.require(session, slug, "viewer")
@@ -254,7 +254,7 @@ def get_policies(slug: SlugPath, session: SessionDep, caller: CallerDep) -> poli
 def put_policies(
     slug: SlugPath, body: policies.Policies, session: SessionDep, caller: CallerDep
 ) -> policies.Policies:
-    """Replace every policy row of ``slug`` as caller (seed 003, 'Managing policies').
+    """Replace every policy row of ``slug`` as caller (Gamut X-Agent Policies, 'Managing policies').
 
     404 for an unknown target; 422 ``invalid_policy`` when the agent names itself.
     """

@@ -1,6 +1,6 @@
 """``/v1/sessions/{id}/inquiries``: ask an ambassador about a session, read the thread.
 
-Seed 002, 'Ambassador'; issue 15. The inquiry runs as its own ``Inquiry``
+AgentX Agent Teams, 'Ambassador'; issue 15. The inquiry runs as its own ``Inquiry``
 workflow (id ``inquiry-<uuid>``); nothing it does enters the session.
 """
 

@@ -1,4 +1,5 @@
-"""``/v1/reviews`` and ``/v1/audit``: decide policy reviews, read the audit log (DESIGN §6, §8).
+"""``/v1/reviews`` and ``/v1/audit``: decide policy reviews, read the audit log
+(docs/xagent.md, Reviews; docs/api.md).
 
 A decision is delivered as the same Signal ``review_decision`` an operator can
 send with ``temporal workflow signal``; the workflow applies the first decision
@@ -72,7 +73,8 @@ class ReviewTooLate(BatonError):
 def _load(engine: Engine, caller: Caller, review_id: str) -> reviews.ReviewPublic:
     with session_scope(engine) as s:
         row = reviews.get_review(s, review_id=review_id)
-        # Seed 003: only a user with access to the caller agent may decide its reviews.
+        # Gamut X-Agent Policies: only a user with access to the caller agent may decide
+        # its reviews.
         caller.require(s, row.caller_agent_slug, "user")
         return reviews.review_public(row)
 
@@ -140,7 +142,7 @@ async def decide(
     409 ``review_too_late`` when another decision or the timeout won the race;
     202 when the session has not applied it yet (its worker is busy or down: the
     Signal is durable and will be applied). 422 ``invalid_decision`` for
-    always_allow on create_agent (seed 003: never stored).
+    always_allow on create_agent (Gamut X-Agent Policies: never stored).
     """
     review = await asyncio.to_thread(_load, engine, caller, review_id)
     if review.status != "pending":
@@ -208,7 +210,8 @@ def list_audit(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[reviews.AuditPublic]:
-    """Every reviewed or blocked X-Agent operation, newest first (seed 003, 'Audit trail')."""
+    """Every reviewed or blocked X-Agent operation, newest first (Gamut X-Agent Policies,
+    'Audit trail')."""
     rows, total = reviews.list_audit(
         session,
         caller=caller_agent,

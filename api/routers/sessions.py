@@ -224,7 +224,7 @@ async def create_session(
     """
 
     def route() -> tuple[str, TeamSnapshot | None]:
-        # Seed 002, explicit routing: team > target agent > agent > default.
+        # AgentX Agent Teams, explicit routing: team > target agent > agent > default.
         with session_scope(engine) as s:
             if body.team:
                 caller.team_members(s, body.team)  # a hidden team is 404, as a missing one
@@ -353,7 +353,7 @@ async def send_message(
     """Deliver a message by Update; 409 ``session_busy`` while a turn runs.
 
     ``from_draft`` sends the draft of one of the caller's inquiries on this session
-    as the caller's own user turn (seed 002, 'Outbound relay'): 404
+    as the caller's own user turn (AgentX Agent Teams, 'Outbound relay'): 404
     ``inquiry_not_found``, 422 ``no_draft``, 409 ``draft_already_sent``.
 
     External sessions (issue 13) take messages only with their proxy token, stored in
@@ -368,7 +368,9 @@ async def send_message(
         )
         if body.prompt is None:  # from_draft: an ambassador's draft is a person's turn
             raise external.NotExternal("an external session posts a prompt", path="from_draft")
-        message_id = await external.post_message(client, identity, role=body.role, text=body.prompt)
+        message_id = await external.post_message(
+            client, engine, identity, role=body.role, text=body.prompt
+        )
         public = await asyncio.to_thread(_public, engine, session_id)
         return SessionAccepted(
             session_id=session_id,
@@ -489,13 +491,14 @@ def get_transcript(
     "/{session_id}/trace", responses=problem_responses(403, 404, 422), summary="Delegation trace"
 )
 def get_trace(
-    session_id: SessionIdPath, session: SessionDep, caller: CallerDep
+    session_id: SessionIdPath, session: SessionDep, settings: SettingsDep, caller: CallerDep
 ) -> run_tree.TraceNode:
     """The delegation tree under the session: each step's agent, status, tokens, cost and
-    wall-clock, and subtree totals (seed 002, 'Team Run Trace')."""
+    wall-clock, and subtree totals (AgentX Agent Teams, 'Team Run Trace'); each node's Temporal UI
+    link (``workflow_url``) and, on the root, the run tree's list (``run_tree_url``)."""
     row = session_store.get_session(session, session_id=session_id)
     caller.require(session, row.agent_slug, "viewer")
-    return run_tree.trace(session, session_id=session_id)
+    return run_tree.trace(session, session_id=session_id, links=settings)
 
 
 @router.get(

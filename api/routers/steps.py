@@ -1,5 +1,5 @@
 """``/v1/steps``, ``/v1/usage``, ``/v1/balance``: workflow-agent steps, metering and the
-balance ceiling (issue 6; DESIGN §4, §8, §9)."""
+balance ceiling (issue 6; docs/steps.md, docs/metering.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``/v1/teams``: teams of a lead and its members (seed 002, 'Storage & API'; DESIGN §7)."""
+"""``/v1/teams``: teams of a lead and its members (AgentX Agent Teams, 'Storage & API';
+docs/teams.md)."""
 
 from __future__ import annotations
 

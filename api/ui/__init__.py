@@ -95,7 +95,7 @@ def _page(request: Request, name: str, caller: Caller, **context: Any) -> HTMLRe
 
 def review_card(row: ReviewRow, timeout_s: float) -> dict[str, Any]:
     """A review as the console's cards show it: the API shape plus its deadline (ISO,
-    ``created_at`` + ``BATON_REVIEW_TIMEOUT``; seed 003, 'Review timeout')."""
+    ``created_at`` + ``BATON_REVIEW_TIMEOUT``; Gamut X-Agent Policies, 'Review timeout')."""
     public = reviews.review_public(row).model_dump(mode="json")
     public["deadline"] = (row.created_at + timedelta(seconds=timeout_s)).isoformat()
     return public
@@ -270,12 +270,14 @@ def session_page(request: Request, session_id: str, caller: UiCaller) -> HTMLRes
 
 @router.get("/sessions/{session_id}/trace", response_class=HTMLResponse)
 def trace_page(request: Request, session_id: str, caller: UiCaller) -> HTMLResponse:
-    """The run tree: each step's agent, status, tokens, cost and wall-clock (seed 002,
+    """The run tree: each step's agent, status, tokens, cost and wall-clock (AgentX Agent Teams,
     'Team Run Trace')."""
     with session_scope(request.app.state.engine) as s:
         inquiries.readable_session(s, session_id=session_id, user=caller.user, auth_on=caller.auth)
-        tree = run_tree.trace(s, session_id=session_id).model_dump(mode="json")
-    return _page(request, "trace.html", caller, tree=tree, session_id=session_id)
+        tree = run_tree.trace(s, session_id=session_id, links=_settings(request))
+    return _page(
+        request, "trace.html", caller, tree=tree.model_dump(mode="json"), session_id=session_id
+    )
 
 
 def install(app: FastAPI) -> None:

@@ -2,8 +2,8 @@
 
 Pure code over a *lookup* (``ref -> LoadedRevision``) so the registry can run it
 against the database and publish-time validation against the database plus the
-candidate draft. Rules (seed 004, 'Inheritance' and 'What bounds a tree'; the
-merge rules are Baton's and are documented in README 'Resolution rules'):
+candidate draft. Rules (Xema Agent Concepts, 'Inheritance' and 'What bounds a tree'; the
+merge rules are Baton's and are documented in docs/agents.md, 'Resolution rules'):
 
 - ``extends`` is walked derived → base. A revisit is ``inheritance_cycle``;
   more than ``MAX_INHERITANCE_LINKS`` (32) links is ``inheritance_too_deep``.

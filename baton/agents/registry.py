@@ -3,7 +3,7 @@
 Keyword-only data-access functions over a SQLModel ``Session``, shared by the
 API, the CLI and (later) activities. They flush but never commit: the caller
 owns the transaction, so a publish, or a whole ``baton apply`` file, is one
-transaction (DESIGN §3; seed 004, 'Identity, drafts, revisions, and rollback').
+transaction (docs/agents.md; Xema Agent Concepts, 'Identity, drafts, revisions, and rollback').
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def slug_taken(session: Session, *, slug: str, auth: bool) -> str | None:
     Taken: an agent has it; or, in auth mode, sessions of a deleted agent still
     carry it (a step's transcript row included). Whoever created the slug again
     would become the owner of that history: its sessions, transcripts, reviews
-    and audit rows (issue 10, item 3; the ACL of seed 003, 'Auth mode
+    and audit rows (issue 10, item 3; the ACL of Gamut X-Agent Policies, 'Auth mode
     considerations', follows the slug). With auth off there is one user, who
     already sees that history, so only an existing agent takes a slug. Every
     creation path (the API, the ``create_agent`` tool) asks this one function.
@@ -311,7 +311,7 @@ def resolve_ref(session: Session, *, ref: str) -> tuple[Agent, AgentRevision]:
     """Resolve ``slug`` (live revision) or ``slug@v`` (that revision) for a launch.
 
     Raises InvalidReference, AgentNotFound, AgentRetired, AgentNotPublished,
-    RevisionNotFound (seed 004, 'Agent references').
+    RevisionNotFound (Xema Agent Concepts, 'Agent references').
     """
     try:
         slug, version = parse_ref(ref)
@@ -677,7 +677,8 @@ def delete_agent(session: Session, *, slug: str) -> None:
             open_sessions=int(open_sessions),
         )
     agent_id = _id(agent)
-    # Seed 003, 'Policy storage': policy rows naming the agent go with it (and its ACL).
+    # Gamut X-Agent Policies, 'Policy storage': policy rows naming the agent go with it
+    # (and its ACL).
     policies.delete_for_agent(session, slug=slug)
     auth.delete_for_agent(session, slug=slug)
     for model in (AgentLivePointer, AgentDraft, AgentRevision):

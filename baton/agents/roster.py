@@ -1,4 +1,4 @@
-"""The ad-hoc delegation roster and the prompts of delegating agents (seed 002).
+"""The ad-hoc delegation roster and the prompts of delegating agents (AgentX Agent Teams).
 
 The roster is every live agent whose effective configuration opts in with
 ``delegation.available_for_delegation`` (default off); each one's specialty is
@@ -65,13 +65,14 @@ ORCHESTRATE_BRIEF = (
 
 
 def team_block(team: TeamSnapshot) -> str:
-    """The supervisor's brief plus its members (seed 002, 'orchestrate, don't execute')."""
+    """The supervisor's brief plus its members (AgentX Agent Teams, 'orchestrate, don't
+    execute')."""
     lines = "\n".join(f"- {m.agent_id}: {m.hint}" for m in team.specialists())
     return f"{ORCHESTRATE_BRIEF}\n\nTeam '{team.id}' members:\n{lines}"
 
 
 def roster_block(entries: list[tuple[str, str]]) -> str:
-    """The soft roster guidance of ad-hoc delegation (seed 002, 'Ad-hoc delegation')."""
+    """The soft roster guidance of ad-hoc delegation (AgentX Agent Teams, 'Ad-hoc delegation')."""
     lines = "\n".join(f"- {slug}: {hint}" for slug, hint in entries)
     return (
         "Teammates you can hand a subtask to with delegate_to. Handle requests yourself "

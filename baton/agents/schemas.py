@@ -1,4 +1,4 @@
-"""Request and response shapes of the agent registry (DESIGN §8), shared by API and CLI."""
+"""Request and response shapes of the agent registry (docs/api.md), shared by API and CLI."""
 
 from __future__ import annotations
 

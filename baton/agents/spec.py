@@ -2,7 +2,7 @@
 
 Pure pydantic, no I/O: safe to import from workflow code. Unknown fields are
 errors (``extra="forbid"``); the removed ``maxFanout`` / ``max_fanout`` field is
-refused with its own error type ``removed_field`` (seed 004, 'What bounds a
+refused with its own error type ``removed_field`` (Xema Agent Concepts, 'What bounds a
 tree': "a manifest declaring it is now rejected").
 
 Shape bounds that need only the spec itself (tree depth and size, sibling
@@ -37,7 +37,7 @@ SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 REF_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$"
 TOOL_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
 
-#: Fixed platform bounds (seed 004, 'What bounds a tree'); not per-agent settings.
+#: Fixed platform bounds (Xema Agent Concepts, 'What bounds a tree'); not per-agent settings.
 MAX_TREE_LEVELS = 6
 MAX_TREE_NODES = 64
 MAX_INHERITANCE_LINKS = 32
@@ -203,7 +203,7 @@ class PlaybookRule(_Strict):
 
 
 class AgentLimits(_Strict):
-    """Run-time limits, enforced by Baton (unlike seed 004, where they are declarative).
+    """Run-time limits, enforced by Baton (unlike Xema Agent Concepts, where they are declarative).
 
     Unset (null) bounds nothing. An overlay can only lower a limit.
     """
@@ -231,7 +231,7 @@ class AgentLimits(_Strict):
 
 
 class DelegationConfig(_Strict):
-    """Ad-hoc delegation roster membership (seed 002, 'Ad-hoc delegation')."""
+    """Ad-hoc delegation roster membership (AgentX Agent Teams, 'Ad-hoc delegation')."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -313,10 +313,10 @@ class McpServerSpec(_Strict):
 
 
 class AgentSpec(_Strict):
-    """The versioned part of an agent (DESIGN §3). All fields are optional.
+    """The versioned part of an agent (docs/agents.md). All fields are optional.
 
     ``tools`` declares tools; ``allowed_tools`` (null = no envelope) and
-    ``blocked_tools`` bound what may be used. See README 'Resolution rules'.
+    ``blocked_tools`` bound what may be used. See docs/agents.md, 'Resolution rules'.
     """
 
     model_config = ConfigDict(
@@ -360,7 +360,7 @@ class AgentSpec(_Strict):
     kind: Literal["agent", "ambassador"] | None = Field(
         default=None,
         description="agent (default) or ambassador: a relay that briefs a person on a "
-        "session and never enters it (seed 002, 'Ambassador'); null = inherited.",
+        "session and never enters it (AgentX Agent Teams, 'Ambassador'); null = inherited.",
     )
     mcp_servers: list[McpServerSpec] = Field(
         default_factory=list,
@@ -410,7 +410,7 @@ def with_paths(
 
 
 def check_tree_shape(top: list[tuple[SubagentNode, str]]) -> None:
-    """Enforce the fixed tree bounds (seed 004, 'What bounds a tree').
+    """Enforce the fixed tree bounds (Xema Agent Concepts, 'What bounds a tree').
 
     ``top`` is the top-level nodes with their paths (see :func:`with_paths`).
     At most ``MAX_TREE_LEVELS`` (6) levels of nesting (a top-level subagent is
@@ -455,7 +455,7 @@ def canonical_json(spec: AgentSpec) -> str:
 
 
 def spec_digest(spec: AgentSpec) -> str:
-    """``sha256:<hex>`` of :func:`canonical_json` (DESIGN §3, content-addressed revisions)."""
+    """``sha256:<hex>`` of :func:`canonical_json` (docs/agents.md, content-addressed revisions)."""
     return "sha256:" + hashlib.sha256(canonical_json(spec).encode()).hexdigest()
 
 

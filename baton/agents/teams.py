@@ -1,5 +1,5 @@
 """Teams: a lead (supervisor) with specialist members and a shared memory channel
-(seed 002, 'Data Model'; DESIGN §7).
+(AgentX Agent Teams, 'Data Model'; docs/teams.md).
 
 Validation on create/update: kebab-case id, exactly one supervisor, every member
 an existing agent (by slug, so a renamed agent never breaks a team), routes that
@@ -45,7 +45,7 @@ class TeamExists(Conflict):
 
 
 class InvalidTeam(BatonError):
-    """A team breaks a validation rule (seed 002, 'Validation')."""
+    """A team breaks a validation rule (AgentX Agent Teams, 'Validation')."""
 
     code = "invalid_team"
     status = 422
@@ -70,7 +70,7 @@ class TeamMember(BaseModel):
 
 
 class TeamRoute(BaseModel):
-    """``{when: <regex on the user message>, to: <specialist>}`` (executed, see README)."""
+    """``{when: <regex on the user message>, to: <specialist>}`` (executed, see docs/teams.md)."""
 
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"examples": [{"when": "^check:", "to": "fact-checker"}]}
@@ -177,7 +177,7 @@ def _check_members(session: Session, team: TeamIn) -> None:
                 f"member '{member.agent_id}' is not an agent", path=f"members[{i}].agent_id"
             )
         if registry.is_ambassador(session, slug=member.agent_id):
-            # Seed 002, 'Ambassador': "Ambassadors are never team members."
+            # AgentX Agent Teams, 'Ambassador': "Ambassadors are never team members."
             raise InvalidTeam(
                 f"member '{member.agent_id}' is an ambassador; ambassadors are never team members",
                 path=f"members[{i}].agent_id",

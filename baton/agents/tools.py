@@ -2,7 +2,7 @@
 
 Each tool has a JSON Schema for its arguments; the ``run_tool`` activity
 validates a call against it (jsonschema) and a failure goes back to the model as
-a tool error it can recover from (DESIGN §4). Tools an agent declares that this
+a tool error it can recover from (docs/sessions.md). Tools an agent declares that this
 deployment does not implement are not offered to the model.
 """
 
@@ -158,7 +158,7 @@ def run_tool(name: str, args: dict[str, Any], allowed: list[str]) -> str:
     return tool.run(args)
 
 
-#: What the model reads about each X-Agent tool (seed 000, 'X-Agent tools').
+#: What the model reads about each X-Agent tool (Gamut X-Agent, 'X-Agent tools').
 XAGENT_DESCRIPTIONS = {
     "list_agents": "Discover the other agents in the workspace: slug, display name and "
     "description of each (you are not listed). Call it before invoke_agent to find a slug.",
@@ -193,7 +193,7 @@ def _xagent_schema(name: str) -> dict[str, Any]:
 def xagent_tools(blocked: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, description, JSON Schema)`` of the X-Agent tools offered to every agent.
 
-    An agent's ``blocked_tools`` can withdraw them (DESIGN §3, narrowing only). Each
+    An agent's ``blocked_tools`` can withdraw them (docs/agents.md, narrowing only). Each
     schema is a fresh copy, so a caller may change it.
     """
     return [
@@ -204,7 +204,8 @@ def xagent_tools(blocked: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def delegate_to_tool(members: list[tuple[str, str]]) -> tuple[str, str, dict[str, Any]]:
-    """``delegate_to(agent_id, task)`` with an enum of ``members`` and their hints (seed 002)."""
+    """``delegate_to(agent_id, task)`` with an enum of ``members`` and their hints (AgentX
+    Agent Teams)."""
     hints = "; ".join(f"{slug}: {hint}" for slug, hint in members)
     return (
         "delegate_to",
@@ -227,7 +228,7 @@ def delegate_to_tool(members: list[tuple[str, str]]) -> tuple[str, str, dict[str
 
 
 def task_tool(agent: ResolvedAgent) -> tuple[str, str, dict[str, Any]]:
-    """``task(alias, prompt)`` over the agent's subagents (seed 004, 'Subagents')."""
+    """``task(alias, prompt)`` over the agent's subagents (Xema Agent Concepts, 'Subagents')."""
     about = "; ".join(
         f"{n.alias} ({n.agent}@{n.version})"
         + (f": {n.system_prompt[:120]}" if n.system_prompt else "")

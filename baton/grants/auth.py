@@ -1,4 +1,5 @@
-"""Auth mode: users, bearer API tokens and agent ACLs (seed 003, 'Auth mode considerations').
+"""Auth mode: users, bearer API tokens and agent ACLs (Gamut X-Agent Policies, 'Auth mode
+considerations').
 
 With ``BATON_AUTH=off`` (the default) there is one local user, ``local``, who
 can do everything. With ``on``, every API request carries ``Authorization:
@@ -216,7 +217,7 @@ def acl(session: Session, *, agent: str) -> dict[str, str]:
 def copy_acl(session: Session, *, source: str, target: str, owner: str | None) -> None:
     """Give ``target`` the ACL of ``source``, and ``owner`` the owner role (create_agent).
 
-    Seed 003: 'create_agent copies the caller's owner ACL to the new agent, so
+    Gamut X-Agent Policies: 'create_agent copies the caller's owner ACL to the new agent, so
     the owner automatically has access.'
     """
     for user_id, role in acl(session, agent=source).items():

@@ -1,8 +1,9 @@
-"""X-Agent policies: allow / review / block per caller, operation and target (seed 003).
+"""X-Agent policies: allow / review / block per caller, operation and target (Gamut X-Agent
+Policies).
 
 Stored rows are ``allow`` or ``block``; ``review`` is the absence of a row.
 Precedence is most-specific first: the per-target row, then the caller's global
-row, then review (seed 003, 'Policy precedence'). ``create`` is never stored:
+row, then review (Gamut X-Agent Policies, 'Policy precedence'). ``create`` is never stored:
 every create_agent call reviews.
 """
 
@@ -32,7 +33,7 @@ class InvalidPolicy(BatonError):
 
 
 class GlobalPolicies(BaseModel):
-    """The caller's workspace-wide defaults (seed 003, 'Global permissions')."""
+    """The caller's workspace-wide defaults (Gamut X-Agent Policies, 'Global permissions')."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -45,7 +46,7 @@ class GlobalPolicies(BaseModel):
 
 
 class TargetPolicies(BaseModel):
-    """Per-target overrides (seed 003, 'Per-agent permissions')."""
+    """Per-target overrides (Gamut X-Agent Policies, 'Per-agent permissions')."""
 
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"examples": [{"read": "allow", "invoke": "block"}]}
@@ -81,7 +82,7 @@ class Policies(BaseModel):
 
 
 def decide(session: Session, *, caller: str, operation: str, target: str | None) -> Verdict:
-    """The effective decision for one operation (seed 003, 'Policy precedence').
+    """The effective decision for one operation (Gamut X-Agent Policies, 'Policy precedence').
 
     ``create`` always reviews. For list, only the global row counts.
     """
@@ -203,7 +204,8 @@ def put_policies(
 
 
 def delete_for_agent(session: Session, *, slug: str) -> int:
-    """Delete every row naming ``slug`` as caller or target (seed 003); returns the count."""
+    """Delete every row naming ``slug`` as caller or target (Gamut X-Agent Policies);
+    returns the count."""
     rows = session.exec(
         select(XAgentPolicy).where(
             (XAgentPolicy.caller_agent_slug == slug) | (XAgentPolicy.target_agent_slug == slug)

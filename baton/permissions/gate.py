@@ -1,11 +1,11 @@
-"""One decision for every cross-agent path: guards, ACL, who allows it, policy (DESIGN §5).
+"""One decision for every cross-agent path: guards, ACL, who allows it, policy (docs/xagent.md).
 
 Every way one agent reaches another goes through :func:`decide`:
 
 ========================  =========  ========  ====  =======================  ==========
 path (``via``)            self       one hop   ACL   the allow                policy
 ========================  =========  ========  ====  =======================  ==========
-invoke (invoke_agent)     refused    refused   user  seed 003 precedence      block refuses;
+invoke (invoke_agent)     refused    refused   user  Gamut precedence          block refuses;
                                                                               no row reviews
 delegate_to, team lead    refused    refused   user  team membership          block refuses
 delegate_to, roster       refused    refused   user  the target's roster      block refuses
@@ -13,16 +13,16 @@ delegate_to, roster       refused    refused   user  the target's roster      bl
 route (a team route)      refused    refused   user  team membership          block refuses
 mention (an @mention)     refused    refused   user  the human who wrote it   block refuses
 task (own subagent)       —          exempt    user  the published tree       block refuses
-list / read (X-Agent)     —          —         view  seed 003 precedence      block refuses;
+list / read (X-Agent)     —          —         view  Gamut precedence          block refuses;
                                                                               no row reviews
 create (X-Agent)          —          —         —     always a review          —
 ========================  =========  ========  ====  =======================  ==========
 
 An ambassador (``kind: ambassador``, issue 15) is never a target of a path that
 makes it run: every such path is refused ``not_invocable`` right after the guards
-(seed 002, 'Ambassador': it runs beside a conversation, never in one).
+(AgentX Agent Teams, 'Ambassador': it runs beside a conversation, never in one).
 
-Sources: seed 000 (self-invocation guard, one-hop rule), seed 003 (ACL before
+Sources: Gamut X-Agent (self-invocation guard, one-hop rule), Gamut X-Agent Policies (ACL before
 policy, precedence per-target → global → review, create always reviews), seed
 002 (team membership and the opt-in roster are what a human set up, so those
 paths never open a review — but a stored ``block`` still refuses them). Limits
@@ -57,7 +57,7 @@ NOT_INVOCABLE = "not_invocable"
 class Request:
     """One cross-agent call to decide.
 
-    ``operation`` is the seed-003 operation (list | read | invoke | create);
+    ``operation`` is the X-Agent Policies operation (list | read | invoke | create);
     ``via`` the path for anything that makes the target run (every such path is
     the ``invoke`` operation); ``invoked`` whether the calling turn is an invoked
     one (one-hop); ``user`` whose roles the ACL checks (auth mode only).

@@ -1,4 +1,5 @@
-"""Reviews and the audit log (seed 003, 'The review flow' and 'Audit trail'; DESIGN §6).
+"""Reviews and the audit log (Gamut X-Agent Policies, 'The review flow' and 'Audit trail';
+docs/xagent.md, Reviews).
 
 A review row is opened by the ``authorize`` activity and settled exactly once
 by ``settle_review`` with the outcome the workflow chose (decision or timeout).
@@ -45,7 +46,7 @@ class ReviewDecided(Conflict):
 
 
 class ReviewPublic(BaseModel):
-    """A review as the API shows it (DESIGN §8)."""
+    """A review as the API shows it (docs/api.md)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -83,7 +84,7 @@ class ReviewPublic(BaseModel):
 
 
 class AuditPublic(BaseModel):
-    """One audit entry (seed 003, 'Audit trail')."""
+    """One audit entry (Gamut X-Agent Policies, 'Audit trail')."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -272,7 +273,7 @@ def add_audit(
     reason: str = "",
     via: str | None = None,
 ) -> AuditRow:
-    """Append one audit row (flush only). ``via``: the cross-agent path (DESIGN §5)."""
+    """Append one audit row (flush only). ``via``: the cross-agent path (docs/xagent.md)."""
     row = AuditRow(
         session_id=session_id,
         review_id=review_id,

@@ -3,7 +3,7 @@
 A model is named as pydantic-ai names it (``openai:gpt-4o-mini``,
 ``openai-chat:llama3``, ``anthropic:claude-…``); the agent's ``model`` wins over
 ``BATON_MODEL``; with neither, the deterministic ``scripted`` model answers from
-the agent's ``playbook`` (DESIGN §9). ``openai:``/``openai-chat:`` honour
+the agent's ``playbook`` (docs/models.md). ``openai:``/``openai-chat:`` honour
 ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` as the OpenAI SDK does.
 """
 

@@ -1,9 +1,10 @@
 """A step's ``output_schema``: which JSON Schemas are accepted, and the validator that runs them.
 
-JSON Schema 2020-12 (seed 004, workflow-agent steps; DESIGN §4). Python's ``re`` holds the
-GIL and backtracks exponentially (``"pattern": "^(a+)+$"`` on 28 ``a`` and ``!`` stalled
-the whole process for 15.8 s: issue 10, item 7a), so no user pattern ever runs on it:
-``pattern``, ``patternProperties`` and the ``additionalProperties`` check that consults
+JSON Schema 2020-12 (Xema Agent Concepts, workflow-agent steps; docs/steps.md). Python's
+``re`` holds the GIL and backtracks exponentially (``"pattern": "^(a+)+$"`` on 28 ``a``
+and ``!`` stalled the whole process for 15.8 s: issue 10, item 7a), so no user pattern
+ever runs on it: ``pattern``, ``patternProperties`` and the ``additionalProperties``
+check that consults
 ``patternProperties`` run on :mod:`baton.saferegex` (the `regex` module, time-limited,
 GIL released). A pattern that times out on a value is a validation error fed back to the
 model like any other. ``unevaluatedProperties`` consults ``patternProperties`` through

@@ -1,6 +1,6 @@
-"""External sessions: agents that run outside Baton and reach it over MCP (issue 13, DESIGN §11).
+"""External sessions: agents that run outside Baton and reach it over MCP (issue 13, docs/mcp.md).
 
-Seed 000, 'How it works': each agent container has an MCP server ``agents`` whose
+Gamut X-Agent, 'How it works': each agent container has an MCP server ``agents`` whose
 calls travel back to the host authenticated with the container's *proxy token*;
 the host resolves which agent is calling, applies the policies and performs the
 operation on the caller's behalf. In Baton an external session is a
@@ -31,6 +31,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateS
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from baton import temporal_ui
 from baton.agents import registry
 from baton.contracts import (
     CLOSED_STATUSES,
@@ -140,7 +141,7 @@ def authenticate(s: Session, token: str, *, now: datetime | None = None) -> Exte
     every external message passes.
 
     Raises Unauthorized (401) for an unknown, revoked or expired token, and for one
-    whose session is cancelled or failed (seed 000: the token lives as long as its
+    whose session is cancelled or failed (Gamut X-Agent: the token lives as long as its
     container's session).
     """
     row = s.exec(select(ProxyTokenRow).where(ProxyTokenRow.token_hash == _digest(token))).first()
@@ -229,8 +230,9 @@ async def open_external_session(
             task_queue=task_queue,
             search_attributes=initial_search_attributes(inp),
             static_summary=f"{pin} · external",
-            static_details=f"External session with {pin}, owned by {prov.created_by_user}: "
-            "its X-Agent calls arrive over MCP",
+            static_details=temporal_ui.session_details(
+                namespace=client.namespace, session_id=session_id, pin=pin, provenance=prov
+            ),
         )
     except RPCError as exc:
 
@@ -302,12 +304,14 @@ async def call_tool(
 
     Raises SessionClosed, NotExternal, UnknownTool, EngineUnavailable.
     """
-    handle = client.get_workflow_handle(identity.session_id)
     try:
-        update = await handle.start_update(
-            EXTERNAL_TOOL_CALL,
-            ExternalToolCall(call_id=key, name=name, args=args),
-            id=f"{identity.session_id}:mcp:{key}",
+        update = await launch.deliver_update(
+            client,
+            engine,
+            session_id=identity.session_id,
+            update=EXTERNAL_TOOL_CALL,
+            arg=ExternalToolCall(call_id=key, name=name, args=args),
+            update_id=f"{identity.session_id}:mcp:{key}",
             wait_for_stage=WorkflowUpdateStage.ACCEPTED,
             result_type=ToolOutcome,
         )
@@ -331,19 +335,28 @@ async def call_tool(
 
 
 async def post_message(
-    client: Client, identity: ExternalIdentity, *, role: Literal["user", "assistant"], text: str
+    client: Client,
+    engine: Engine,
+    identity: ExternalIdentity,
+    *,
+    role: Literal["user", "assistant"],
+    text: str,
 ) -> str:
     """Store a message of the external process in its transcript (Update
     ``external_message``); returns its id. Raises SessionClosed, NotExternal,
     InvalidPrompt, EngineUnavailable."""
-    handle = client.get_workflow_handle(identity.session_id)
     try:
-        done: ExternalMessageOutcome = await handle.execute_update(
-            EXTERNAL_MESSAGE,
-            ExternalMessage(role=role, text=text),
-            id=f"{identity.session_id}:message-{uuid.uuid4()}",
+        update = await launch.deliver_update(
+            client,
+            engine,
+            session_id=identity.session_id,
+            update=EXTERNAL_MESSAGE,
+            arg=ExternalMessage(role=role, text=text),
+            update_id=f"{identity.session_id}:message-{uuid.uuid4()}",
+            wait_for_stage=WorkflowUpdateStage.COMPLETED,
             result_type=ExternalMessageOutcome,
         )
+        done = await update.result()
     except WorkflowUpdateFailedError as exc:
         raise _update_error(exc, identity.session_id) from exc
     except RPCError as exc:
@@ -354,7 +367,7 @@ async def post_message(
 
 
 def _as_json(name: str, text: str) -> str:
-    """Results are JSON text; the transcript (a status line and messages, seed 000) is
+    """Results are JSON text; the transcript (a status line and messages, Gamut X-Agent) is
     wrapped as ``{"transcript": ...}``."""
     try:
         json.loads(text)

@@ -1,11 +1,12 @@
-"""Inquiries: a person's questions to an ambassador about one session (issue 15, seed 002).
+"""Inquiries: a person's questions to an ambassador about one session (issue 15, AgentX
+Agent Teams).
 
 An ambassador is an agent of ``kind: ambassador``. It runs *beside* a session and
 briefs the asking person on it, from a read-only tool belt (``list_conversations``,
 ``read_conversation``, ``explore_conversation``, ``summarize_conversation``) plus
 ``draft_message``, over a bounded loop (``BATON_INQUIRY_MAX_STEPS``).
 
-The **no-pollution invariant** (seed 002, 'Ambassador'): nothing an inquiry does
+The **no-pollution invariant** (AgentX Agent Teams, 'Ambassador'): nothing an inquiry does
 enters the session's transcript (``messages``), its event log (``events``), its
 usage (``usage`` rows of an inquiry carry ``session_id = <inquiry id>`` and the
 ambassador's slug, never the session's id) or a team's shared channel. An inquiry
@@ -163,7 +164,7 @@ def to_public(row: InquiryRow) -> InquiryPublic:
 
 
 def readable_session(session: Session, *, session_id: str, user: str, auth_on: bool) -> SessionRow:
-    """The session ``user`` may read: viewer on its agent in auth mode (DESIGN §8, read
+    """The session ``user`` may read: viewer on its agent in auth mode (docs/api.md, read
     needs viewer). Raises SessionNotFound (404) or Forbidden (403). The one check every
     tool of the belt and the inquiry API call."""
     row = session_store.get_session(session, session_id=session_id)

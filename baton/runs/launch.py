@@ -3,8 +3,12 @@
 Used by the API (and, for delegations, by activities). The agent reference is
 resolved to a pin in the DB first and the session row written, then the
 workflow is started with update-with-start so the first message is delivered in
-the first workflow task (DESIGN §4). Workflow and Update are addressed by their
+the first workflow task (docs/architecture.md, a turn). Workflow and Update are addressed by their
 stable Temporal names, so this module does not import workflow code.
+
+An idle session's run completes after ``BATON_SESSION_IDLE_TIMEOUT`` (issue 12, item
+2); :func:`deliver_update`, which every message and external call goes through, then
+starts its next run from the state stored in the DB, under the same workflow id.
 """
 
 from __future__ import annotations
@@ -12,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowExecutionStatus,
+    WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateHandle,
     WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -27,6 +33,7 @@ from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
+from baton import temporal_ui
 from baton.agents import registry
 from baton.contracts import (
     CLOSED_STATUSES,
@@ -36,6 +43,7 @@ from baton.contracts import (
     SESSION_EXTERNAL,
     Provenance,
     ResolvedAgent,
+    ResumePoint,
     SessionConfig,
     SessionInput,
     StepInput,
@@ -43,6 +51,7 @@ from baton.contracts import (
     TurnOutcome,
     UserMessage,
     initial_search_attributes,
+    step_search_attributes,
 )
 from baton.errors import (
     BatonError,
@@ -62,6 +71,14 @@ UPDATE = "send_message"
 #: How long a message rejected as busy is retried while the stored status is idle (s).
 IDLE_SETTLE_S = 2.0
 IDLE_SETTLE_POLL_S = 0.05
+#: Deliveries of one Update: to the running run, then (its run completed, maybe just as
+#: the Update arrived) by update-with-start, twice at most.
+RESTART_ATTEMPTS = 3
+#: Times a cancel starts a session's next run again when its run completed idle just as
+#: the cancel arrived (a cancel of a closed run is a no-op in Temporal, not an error).
+CANCEL_ATTEMPTS = 3
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -190,17 +207,14 @@ async def launch_session(
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         WORKFLOW,
         inp,
-        id=session_id,
-        task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
         if idempotent
         else WorkflowIDConflictPolicy.FAIL,
         # A retried delegation must never start the id again once its session closed.
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        search_attributes=initial_search_attributes(inp),
-        static_summary=f"{pin} · {name or _name(prompt)}",
-        static_details=f"Session with {pin}, started by {provenance.created_by_user}"
-        + (f", invoked by {provenance.invoked_by_agent}" if provenance.invoked_by_agent else ""),
+        **_start_options(
+            inp, task_queue=task_queue, name=name or _name(prompt), namespace=client.namespace
+        ),
     )
     try:
         handle = await client.start_update_with_start_workflow(
@@ -233,16 +247,116 @@ async def launch_session(
             raise TurnFailed(f"the session ended: {exc.message}", session_id=session_id) from exc
         if not idempotent:  # an idempotent launch keeps its row for the retry
             await asyncio.to_thread(_forget, engine, session_id)
-        hint = (
-            " (run `baton setup` to register search attributes)"
-            if "search attribute" in (exc.message or "")
-            else ""
-        )
         raise EngineUnavailable(
-            f"Temporal refused to start the session: {exc.message}{hint}"
+            f"Temporal refused to start the session: {exc.message}{_setup_hint(exc)}"
         ) from exc
     response = await reply_text(engine, outcome)
     return Launched(session_id, slug, version, outcome, response)
+
+
+def _setup_hint(exc: RPCError) -> str:
+    """What to do when Temporal refuses a start for an unregistered search attribute (a
+    namespace set up by an older Baton lacks BatonRoot and BatonKind)."""
+    if "search attribute" in (exc.message or ""):
+        return " (run `baton setup` to register search attributes)"
+    return ""
+
+
+def _start_options(
+    inp: SessionInput, *, task_queue: str, name: str, namespace: str
+) -> dict[str, Any]:
+    """The start options every run of a session gets (its first and each restart):
+    id, queue, search attributes, the UI's static summary and details (issue 12, item 1:
+    markdown links to the parent, the root and the run tree)."""
+    pin = inp.agent_pin
+    return {
+        "id": inp.session_id,
+        "task_queue": task_queue,
+        "search_attributes": initial_search_attributes(inp),
+        "static_summary": f"{pin} · {name}",
+        "static_details": temporal_ui.session_details(
+            namespace=namespace, session_id=inp.session_id, pin=pin, provenance=inp.provenance
+        ),
+    }
+
+
+def _resume_point(engine: Engine, session_id: str) -> tuple[ResumePoint, str]:
+    with session_scope(engine) as s:
+        return session_store.resume_input(s, session_id=session_id)
+
+
+def _restart_options(point: ResumePoint, name: str, namespace: str) -> dict[str, Any]:
+    """Start options of a session's next run: the same workflow id, attaching to a run
+    another sender started meanwhile (USE_EXISTING), and allowed although a run of that
+    id completed before (ALLOW_DUPLICATE). Closed sessions never get here: their status
+    is checked in the DB first (:func:`baton.runs.session_store.resume_input`)."""
+    return {
+        "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
+        "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        **_start_options(point.input, task_queue=point.task_queue, name=name, namespace=namespace),
+    }
+
+
+async def deliver_update(
+    client: Client,
+    engine: Engine,
+    *,
+    session_id: str,
+    update: str,
+    arg: Any,
+    update_id: str,
+    wait_for_stage: WorkflowUpdateStage,
+    result_type: type[T],
+) -> WorkflowUpdateHandle[T]:
+    """Start Update ``update`` (``arg``, id ``update_id``) on the session's workflow; when
+    its run has completed idle, start the next run with it (issue 12, item 2).
+
+    The one road by which anything that needs a turn reaches a session: messages
+    (API, ``baton`` CLI, delegations reusing a session) and an external session's MCP
+    calls. A running run takes the Update as before. A run that completed idle
+    answers NOT_FOUND; the next run then starts from the resume point in the DB
+    (:func:`baton.runs.session_store.resume_input`) by update-with-start, so the Update lands
+    in its first workflow task, and two senders racing to restart it land in one run
+    (USE_EXISTING; the second may be refused ``session_busy``, as for any run). An
+    Update that reaches a run while its completing workflow task is in flight is
+    aborted by Temporal when the run closes (NOT_FOUND, never accepted): it is sent
+    again the same way. An ``update_id`` the completed run already finished is
+    answered with that outcome by Temporal, not run again (a retried delegation).
+
+    Raises SessionNotFound; SessionClosed when the session is closed or its run ended
+    without a resume point; WorkflowUpdateFailedError (validator or handler) and
+    RPCError (Temporal refused) as ``start_update`` does.
+    """
+    handle = client.get_workflow_handle(session_id)
+    for attempt in range(1, RESTART_ATTEMPTS + 1):
+        try:
+            if attempt == 1:
+                return await handle.start_update(
+                    update,
+                    arg,
+                    id=update_id,
+                    wait_for_stage=wait_for_stage,
+                    result_type=result_type,
+                )
+            point, name = await asyncio.to_thread(_resume_point, engine, session_id)
+            start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+                WORKFLOW, point.input, **_restart_options(point, name, client.namespace)
+            )
+            return await client.start_update_with_start_workflow(
+                update,
+                arg,
+                start_workflow_operation=start,
+                id=update_id,
+                wait_for_stage=wait_for_stage,
+                result_type=result_type,
+            )
+        except RPCError as exc:
+            # NOT_FOUND: the run had completed ("workflow execution already completed"),
+            # or completed while this Update waited to be delivered ("workflow update was
+            # aborted by closing workflow": never accepted, so sending it again is safe).
+            if exc.status != RPCStatusCode.NOT_FOUND or attempt == RESTART_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
 def session_status(engine: Engine, session_id: str) -> str:
@@ -308,15 +422,17 @@ async def send_message(
     # An idempotent (delegation) send may be a retry of an Update that already finished:
     # marking the session running then would leave it running with no turn to end it.
     marked = False if sync or update_id else await asyncio.to_thread(mark_running)
-    handle = client.get_workflow_handle(session_id)
     message_id = update_id or f"{session_id}:message-{uuid.uuid4()}"
 
     async def deliver() -> TurnOutcome | None:
-        update = await handle.start_update(
-            UPDATE,
-            UserMessage(prompt=prompt, invoked_by_agent=invoked_by_agent, user=user),
+        update = await deliver_update(
+            client,
+            engine,
+            session_id=session_id,
+            update=UPDATE,
+            arg=UserMessage(prompt=prompt, invoked_by_agent=invoked_by_agent, user=user),
+            update_id=message_id,
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
-            id=message_id,
             result_type=TurnOutcome,
         )
         # A validator rejection (busy, closed, blank) comes back with the acceptance
@@ -355,19 +471,50 @@ async def send_message(
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise SessionClosed(f"session '{session_id}' is no longer running") from exc
         raise EngineUnavailable(f"Temporal refused the message: {exc.message}") from exc
+    except SessionClosed:  # its run ended and it has no resume point
+        if marked:
+            await asyncio.to_thread(restore_idle)
+        raise
     text = await reply_text(engine, outcome)
     return outcome, text
 
 
 async def cancel_session(client: Client, engine: Engine, *, session_id: str) -> None:
-    """Request cancellation; the workflow records ``cancelled`` and ends. Idempotent."""
+    """Request cancellation; the workflow records ``cancelled``, cancels the sessions
+    delegated from it, and ends. Idempotent. Raises EngineUnavailable.
+
+    Temporal takes a cancel of a run that has ended as a no-op, so the run is described
+    after the cancel: when it had completed idle (or is gone), the session's next run
+    is started from its resume point and cancelled, so every cancel takes the
+    workflow's one cancel path (status, cascade). A session with no resume point whose
+    run ended otherwise (terminated before it ever completed idle) is left as it is.
+    """
 
     if await asyncio.to_thread(session_status, engine, session_id) in CLOSED_STATUSES:
         return
-    try:
-        await client.get_workflow_handle(session_id).cancel()
-    except RPCError as exc:
-        if exc.status != RPCStatusCode.NOT_FOUND:
+    handle: WorkflowHandle[Any, Any] = client.get_workflow_handle(session_id)
+    for attempt in range(1, CANCEL_ATTEMPTS + 1):
+        try:
+            await handle.cancel()
+            status: WorkflowExecutionStatus | None = (await handle.describe()).status
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise EngineUnavailable(f"Temporal refused the cancel: {exc.message}") from exc
+            status = None  # no run at all: gone after the namespace's retention period
+        if status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CANCELED):
+            return  # a running run has the cancel in its history and will honour it
+        try:
+            point, name = await asyncio.to_thread(_resume_point, engine, session_id)
+        except SessionClosed:
+            return
+        if attempt == CANCEL_ATTEMPTS:
+            msg = f"session '{session_id}': its run kept completing before the cancel reached it"
+            raise EngineUnavailable(msg)
+        try:
+            handle = await client.start_workflow(
+                WORKFLOW, point.input, **_restart_options(point, name, client.namespace)
+            )
+        except RPCError as exc:
             raise EngineUnavailable(f"Temporal refused the cancel: {exc.message}") from exc
 
 
@@ -424,7 +571,15 @@ async def launch_step(
             pinned,
             id=inp.step_id,
             task_queue=task_queue,
+            search_attributes=step_search_attributes(pinned),
             static_summary=f"step {slug}@{version} · {_name(inp.input)}",
+            static_details=temporal_ui.step_details(
+                namespace=client.namespace,
+                step_id=inp.step_id,
+                pin=pinned.agent_pin,
+                user=inp.user,
+                handoff=inp.handoff,
+            ),
         )
     except RPCError as exc:
 
@@ -436,5 +591,7 @@ async def launch_step(
                         s.delete(row)
 
         await asyncio.to_thread(forget)
-        raise EngineUnavailable(f"Temporal refused to start the step: {exc.message}") from exc
+        raise EngineUnavailable(
+            f"Temporal refused to start the step: {exc.message}{_setup_hint(exc)}"
+        ) from exc
     return slug, version

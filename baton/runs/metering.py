@@ -1,4 +1,5 @@
-"""Usage metering and the balance ceiling (seed 004, 'What bounds a tree': spend; DESIGN §9).
+"""Usage metering and the balance ceiling (Xema Agent Concepts, 'What bounds a tree':
+spend; docs/metering.md).
 
 Every model call is metered (tokens in/out, cost) in the ``usage`` table, in the
 same transaction as its message. Cost comes from pydantic-ai's price data

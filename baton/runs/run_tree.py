@@ -1,5 +1,5 @@
 """Delegations: the edges of a run's tree, the events forwarded to the root session,
-run-wide limits and the trace (seed 002 'Execution & Streaming', DESIGN §7).
+run-wide limits and the trace (AgentX Agent Teams 'Execution & Streaming', docs/teams.md).
 
 A run is the tree of sessions under one root session. Every delegation
 (invoke_agent, delegate_to, task, a team route, an @mention) is a row here, so
@@ -9,13 +9,14 @@ the trace, ``max_spawns`` and ``token_budget`` read the tree from the database.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
+from baton import temporal_ui
 from baton.runs import session_store
 from baton.runs.costs import sum_costs
 from baton.storage.db import DelegationRow, MessageRow, SessionRow, TokenReservationRow, utcnow
@@ -193,7 +194,7 @@ def admit_tokens(
     need: int = 0,
     excluding: str | None = None,
 ) -> int:
-    """The run's ``token_budget`` rule, for every path that may spend (seed 004 'limits',
+    """The run's ``token_budget`` rule, for every path that may spend (Xema Agent Concepts 'limits',
     enforced; issue 10 item 6): a new delegation (``need`` 0) and a new model call
     (``need`` = its input estimate) are admitted only while
     ``used + reserved + need < token_budget``, so a model call always has room for at
@@ -362,6 +363,14 @@ class StepUsage(BaseModel):
     wall_ms: int = 0
 
 
+class TraceLinks(Protocol):
+    """Where the trace's Temporal UI links point (``baton.settings.Settings``)."""
+
+    def workflow_url(self, workflow_id: str) -> str: ...
+
+    def workflows_url(self, query: str) -> str: ...
+
+
 class TraceNode(BaseModel):
     """One session in the trace, with the delegations it made."""
 
@@ -391,6 +400,14 @@ class TraceNode(BaseModel):
     )
     usage: StepUsage
     subtree_usage: StepUsage
+    workflow_url: str | None = Field(
+        default=None, description="This session's page in the Temporal Web UI (issue 12)."
+    )
+    run_tree_url: str | None = Field(
+        default=None,
+        description="On the root only: the Temporal UI's list of every session of the run "
+        '(`BatonRoot = "…"`).',
+    )
     children: list[TraceNode] = Field(default_factory=list)
 
 
@@ -428,12 +445,21 @@ def _wall(start: datetime, end: datetime | None) -> int | None:
     return int((end - start).total_seconds() * 1000) if end else None
 
 
-def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -> TraceNode:
+def trace(
+    session: Session,
+    *,
+    session_id: str,
+    links: TraceLinks | None = None,
+    _seen: set[str] | None = None,
+) -> TraceNode:
     """The delegation tree under ``session_id`` with usage per step and per subtree.
 
+    ``links`` (``Settings``: ``workflow_url`` and ``workflows_url``) adds each node's
+    Temporal UI link and, on the root, the run tree's list (issue 12, item 1).
     Raises SessionNotFound.
     """
     seen = _seen if _seen is not None else set()
+    top = _seen is None
     seen.add(session_id)
     row = session_store.get_session(session, session_id=session_id)  # the root must exist
     own = _usage(session, session_id)
@@ -444,7 +470,12 @@ def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -
         status=row.status,
         usage=own,
         subtree_usage=own,
+        workflow_url=links.workflow_url(row.id) if links else None,
     )
+    if links is not None and top:
+        found = context(session, row.id)
+        root = found[0] if found else row.id
+        node.run_tree_url = links.workflows_url(temporal_ui.tree_query(root))
     edges = session.exec(
         select(DelegationRow)
         .where(DelegationRow.parent_session_id == session_id)
@@ -469,7 +500,7 @@ def trace(session: Session, *, session_id: str, _seen: set[str] | None = None) -
             continue
         if session.get(SessionRow, edge.child_session_id) is None:
             continue  # its launch failed: the edge has no session (its error is on the caller)
-        child = trace(session, session_id=edge.child_session_id, _seen=seen)
+        child = trace(session, session_id=edge.child_session_id, links=links, _seen=seen)
         child.delegation = info
         node.children.append(child)
         node.subtree_usage = _add(node.subtree_usage, child.subtree_usage)

@@ -1,6 +1,6 @@
 """Session, transcript and event-log storage, shared by the API and the activities.
 
-Transcripts live here, not in workflow history (claim-check, DESIGN §4).
+Transcripts live here, not in workflow history (claim-check, docs/sessions.md).
 Message ids are chosen by the workflow: :func:`add_message` is idempotent on the
 id, so a retried activity never duplicates a message. Every message is written
 in the same transaction as its ``message`` event.
@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Table
 from sqlalchemy import event as sa_event
+from sqlalchemy import func as sa_func
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import text as sa_text
@@ -23,8 +24,8 @@ from sqlalchemy import tuple_ as sa_tuple
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
-from baton.contracts import CLOSED_STATUSES, Provenance, SessionStatus, Usage
-from baton.errors import BatonError, SessionNotFound
+from baton.contracts import CLOSED_STATUSES, Provenance, ResumePoint, SessionStatus, Usage
+from baton.errors import BatonError, SessionClosed, SessionNotFound
 from baton.storage import notify
 from baton.storage.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
 
@@ -386,6 +387,59 @@ def set_status(session: Session, *, session_id: str, status: SessionStatus) -> N
     session.flush()
 
 
+def set_resume_input(session: Session, *, point: ResumePoint) -> None:
+    """Store ``point`` as where session ``point.input.session_id``'s next run starts.
+
+    Written by the ``record_resume`` activity just before an idle run completes (issue
+    12, item 2). A closed session is left as it is: nothing may start it again.
+    Raises SessionNotFound.
+    """
+    session_id = point.input.session_id
+    changed = session.execute(
+        sa_update(SessionRow)
+        .where(
+            col(SessionRow.id) == session_id,
+            col(SessionRow.status).not_in(CLOSED_STATUSES),
+        )
+        .values(resume_input=point.model_dump(mode="json")),
+        execution_options={"synchronize_session": False},
+    )
+    if not changed.rowcount and session.get(SessionRow, session_id) is None:  # type: ignore[attr-defined]
+        raise SessionNotFound(f"no session '{session_id}'")
+    _expire_loaded(session, session_id, ["resume_input"])
+    session.flush()
+
+
+def resume_input(session: Session, *, session_id: str) -> tuple[ResumePoint, str]:
+    """``(resume point, name)`` of the next workflow run of a session whose run ended.
+
+    The point its last run stored (:func:`set_resume_input`), with the turn counter
+    raised to the newest turn in the transcript: a run that ended otherwise (an
+    operator's ``temporal workflow terminate`` after a restart) may have stored an
+    older one, and a reused turn number would make the next turn find the old turn's
+    messages (their ids derive from it) instead of running.
+
+    Raises SessionNotFound; SessionClosed when the session is closed (cancelled or
+    failed: it stays closed) or has no resume point (its run ended without
+    completing idle, e.g. terminated before it ever did).
+    """
+    row = get_session(session, session_id=session_id)
+    if row.status in CLOSED_STATUSES:
+        raise SessionClosed(f"session '{session_id}' is {row.status}")
+    if row.resume_input is None:
+        raise SessionClosed(f"session '{session_id}' is no longer running")
+    point = ResumePoint.model_validate(row.resume_input)
+    newest = session.execute(
+        sa_select(sa_func.max(col(MessageRow.position))).where(
+            col(MessageRow.session_id) == session_id
+        )
+    ).scalar()
+    stored_turn = int(str(newest).split(".", 1)[0]) if newest else 0
+    if stored_turn > point.input.turn:
+        point.input = point.input.model_copy(update={"turn": stored_turn})
+    return point, row.name
+
+
 def get_message(session: Session, *, message_id: str) -> MessageRow | None:
     """The message with ``message_id``, if it was stored."""
     return session.get(MessageRow, message_id)
@@ -517,7 +571,8 @@ def history(session: Session, *, session_id: str, last: int | None = None) -> li
 def transcript(
     session: Session, *, session_id: str, limit: int | None = None, cursor: str | None = None
 ) -> Transcript:
-    """Status line and messages, tool I/O summarised (seed 000, get_agent_session_transcript).
+    """Status line and messages, tool I/O summarised (Gamut X-Agent,
+    get_agent_session_transcript).
 
     Without ``limit``: every message. With ``limit``: at most that many, in order, after
     the message ``cursor`` names (a previous page's ``next_cursor``: the id of its last

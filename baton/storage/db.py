@@ -5,7 +5,7 @@ PostgreSQL (``postgresql+psycopg://…``). Engines are created by the app
 lifespan or the CLI entry, never at import time. Timestamps are tz-aware UTC on
 both backends (:class:`UTCDateTime`).
 
-Agent storage follows seed 004 'Identity, drafts, revisions, and rollback':
+Agent storage follows Xema Agent Concepts 'Identity, drafts, revisions, and rollback':
 identity (``agents``), one mutable draft (``agent_drafts``), immutable
 revisions (``agent_revisions``) and the live pointer (``agent_live_pointers``).
 """
@@ -102,10 +102,12 @@ class AgentLivePointer(SQLModel, table=True):
 
 
 class SessionRow(SQLModel, table=True):
-    """One conversation (DESIGN §4): its pinned agent, provenance and activity counters.
+    """One conversation (docs/sessions.md): its pinned agent, provenance and activity counters.
 
     Provenance columns are written by the engine only, never from API input.
     ``resolved_agent`` is the snapshot the ``load_agent`` activity recorded at launch.
+    ``resume_input`` is the ``SessionInput`` the session's next workflow run starts from,
+    written by its run just before it completes idle (``record_resume``); NULL until then.
     """
 
     __tablename__ = "sessions"
@@ -115,6 +117,7 @@ class SessionRow(SQLModel, table=True):
     agent_slug: str = Field(index=True, max_length=63)
     agent_version: int
     resolved_agent: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    resume_input: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     status: str = Field(default="running", max_length=20)
     created_by_user: str = Field(default="local", max_length=200)
     invoked_by_agent: str | None = Field(default=None, max_length=63)
@@ -162,7 +165,8 @@ class EventRow(SQLModel, table=True):
 
 
 class XAgentPolicy(SQLModel, table=True):
-    """A stored X-Agent policy (seed 003, 'Policy storage'). ``review`` is never stored.
+    """A stored X-Agent policy (Gamut X-Agent Policies, 'Policy storage'). ``review`` is
+    never stored.
 
     ``target_agent_slug`` NULL = the caller's global policy for the operation.
     One row per (caller, target, operation): two partial unique indexes, because
@@ -199,7 +203,7 @@ class XAgentPolicy(SQLModel, table=True):
 
 
 class ReviewRow(SQLModel, table=True):
-    """A policy review waiting for (or settled by) a human decision (DESIGN §6)."""
+    """A policy review waiting for (or settled by) a human decision (docs/xagent.md, Reviews)."""
 
     __tablename__ = "reviews"
 
@@ -219,7 +223,8 @@ class ReviewRow(SQLModel, table=True):
 
 
 class AuditRow(SQLModel, table=True):
-    """One audited X-Agent operation: every review outcome and every block (seed 003)."""
+    """One audited X-Agent operation: every review outcome and every block (Gamut X-Agent
+    Policies)."""
 
     __tablename__ = "audit_log"
 
@@ -232,7 +237,7 @@ class AuditRow(SQLModel, table=True):
     outcome: str = Field(max_length=20)  # allow | block | denied_by_user | review_timeout
     decided_by: str = Field(max_length=200)
     reason: str = Field(default="", max_length=500)
-    #: The path an operation that makes another agent run came by (DESIGN §5):
+    #: The path an operation that makes another agent run came by (docs/xagent.md):
     #: invoke | delegate_to | route | mention | task; None for list, read and create.
     via: str | None = Field(default=None, max_length=20)
     at: datetime = _ts(index=True)
@@ -263,7 +268,7 @@ class ApiToken(SQLModel, table=True):
 
 
 class AgentAcl(SQLModel, table=True):
-    """A user's role on an agent: viewer < user < owner (seed 003, 'Auth mode')."""
+    """A user's role on an agent: viewer < user < owner (Gamut X-Agent Policies, 'Auth mode')."""
 
     __tablename__ = "agent_acl"
 
@@ -273,7 +278,7 @@ class AgentAcl(SQLModel, table=True):
 
 
 class TeamRow(SQLModel, table=True):
-    """A team: one supervisor (lead) and its specialists (members), seed 002 'Data Model'.
+    """A team: one supervisor (lead) and its specialists (members), AgentX Agent Teams 'Data Model'.
 
     Members are referenced by agent slug, so renaming an agent never breaks a team.
     """
@@ -318,7 +323,7 @@ class DelegationRow(SQLModel, table=True):
 
 
 class ChannelMemory(SQLModel, table=True):
-    """A memory on a team's shared channel (seed 002): delegated results and facts."""
+    """A memory on a team's shared channel (AgentX Agent Teams): delegated results and facts."""
 
     __tablename__ = "channel_memories"
 
@@ -331,7 +336,7 @@ class ChannelMemory(SQLModel, table=True):
 
 
 class StepRow(SQLModel, table=True):
-    """A workflow-agent step (seed 004, 'One Agent, two execution experiences')."""
+    """A workflow-agent step (Xema Agent Concepts, 'One Agent, two execution experiences')."""
 
     __tablename__ = "steps"
 
@@ -382,7 +387,7 @@ class BalanceRow(SQLModel, table=True):
 
 
 class ProxyTokenRow(SQLModel, table=True):
-    """An external session's proxy token (issue 13, DESIGN §11): bound to one session and
+    """An external session's proxy token (issue 13, docs/mcp.md): bound to one session and
     its agent, acting with the session owner's roles. Only the SHA-256 is stored, as for
     API tokens; a session with a row here is external (its turns are taken outside)."""
 
@@ -427,7 +432,7 @@ class InquiryRow(SQLModel, table=True):
     """One question to an ambassador about a session, and its answer (issue 15).
 
     The thread of a session and user is their inquiries by ``created_at``. Nothing
-    here is ever read into the session's transcript, events or usage (seed 002,
+    here is ever read into the session's transcript, events or usage (AgentX Agent Teams,
     'Ambassador': the no-pollution invariant).
     """
 

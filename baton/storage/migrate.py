@@ -1,7 +1,7 @@
 """Schema migrations: Alembic driven from code (``baton db …``, ``baton dev``, start-up checks).
 
 The revisions live in the top-level :mod:`migrations` package (shipped with
-Baton, so this works from any folder). Rules (issue 11, DESIGN §12):
+Baton, so this works from any folder). Rules (issue 11, docs/deployment.md):
 
 - ``baton db upgrade`` (a one-shot job in deployments), ``baton dev`` and
   ``baton demo`` change the schema; nothing else ever does.
@@ -176,7 +176,7 @@ def require_current(engine: Engine) -> SchemaState:
     Returns the state when the database is at head. A revision this code does not
     know (a newer Baton already migrated, e.g. mid rolling upgrade or on rollback)
     is logged and allowed: revisions are written backward compatible (see
-    deploy/README.md, 'Upgrading'). Raises :class:`SchemaOutOfDate` naming
+    docs/deployment.md, 'Upgrading'). Raises :class:`SchemaOutOfDate` naming
     ``baton db upgrade`` when the database is empty, legacy or behind.
     """
     state = schema_state(engine)

@@ -33,7 +33,7 @@ async function api(method, path, body) {
   return data;
 }
 
-// --- review cards (seed 003, 'The review flow') ------------------------------------------
+// --- review cards (Gamut X-Agent Policies, 'The review flow') ------------------------------------------
 
 const OUTCOMES = {
   allowed: "Allowed", denied: "Denied", timed_out: "Timed out — denied", cancelled: "Cancelled",
@@ -77,7 +77,7 @@ function fillReview(card, review) {
   deny.addEventListener("click", () => decide(card, review, "deny"));
   once.addEventListener("click", () => decide(card, review, "allow_once"));
   buttons.append(deny, once);
-  if (review.operation !== "create") {  // create is never remembered (seed 003)
+  if (review.operation !== "create") {  // create is never remembered (Gamut X-Agent Policies)
     const id = `scope-${review.id}`;
     const scope = el("select", { id, name: "scope" });
     if (review.operation === "list") {

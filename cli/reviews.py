@@ -1,0 +1,76 @@
+"""``baton reviews``: list and decide X-Agent policy reviews (talks to the API)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from cli.common import ApiOption, api_client, checked, console
+
+app = typer.Typer(help="Decide X-Agent policy reviews (talks to the API).")
+
+
+@app.command("list")
+def reviews_list(
+    status: Annotated[str | None, typer.Option(help="pending | allowed | denied | …")] = "pending",
+    api_url: ApiOption = None,
+) -> None:
+    """List reviews (pending by default), newest first."""
+    with api_client(api_url) as http:
+        params = {"status": status} if status and status != "all" else {}
+        body = checked(http.get("/v1/reviews", params=params | {"limit": 200}))
+    # One review per line, ids first and never cut (they are what approve/deny take):
+    # a table squeezes every other column to nothing in an 80-column terminal.
+    if not body["data"]:
+        console.print(
+            f"no {status if status and status != 'all' else ''} reviews".replace("  ", " ")
+        )
+    for r in body["data"]:  # type: ignore[attr-defined]
+        target = f" {r['target']}" if r["target"] else ""
+        console.print(
+            f"[bold]{r['id']}[/] {r['status']} · {r['caller']} → {r['operation']}{target}"
+            f" · session {r['session_id']}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        if r["preview"]:
+            console.print(f"    {escape(r['preview'][:200])}", soft_wrap=True, highlight=False)
+
+
+def _decide(review_id: str, decision: str, scope: str | None, api_url: str | None) -> None:
+    with api_client(api_url) as http:
+        resp = http.post(
+            f"/v1/reviews/{review_id}/decision", json={"decision": decision, "scope": scope}
+        )
+        body = checked(resp)
+    if resp.status_code == 202:
+        console.print(f"{review_id}: decision delivered; the session has not applied it yet")
+    else:
+        console.print(f"{review_id}: [bold]{body['status']}[/] (by {body['decided_by']})")
+
+
+@app.command("approve")
+def reviews_approve(
+    review_id: Annotated[str, typer.Argument(help="review-… id")],
+    always: Annotated[
+        bool, typer.Option("--always", help="Save an allow policy (always_allow).")
+    ] = False,
+    scope: Annotated[
+        str, typer.Option(help="With --always: 'target' (this agent) or 'all' (global).")
+    ] = "target",
+    api_url: ApiOption = None,
+) -> None:
+    """Allow the reviewed operation (once, or --always)."""
+    _decide(
+        review_id, "always_allow" if always else "allow_once", scope if always else None, api_url
+    )
+
+
+@app.command("deny")
+def reviews_deny(
+    review_id: Annotated[str, typer.Argument(help="review-… id")], api_url: ApiOption = None
+) -> None:
+    """Deny the reviewed operation; the calling agent gets an error."""
+    _decide(review_id, "deny", None, api_url)
