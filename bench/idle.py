@@ -20,7 +20,9 @@ Per phase: worker RSS once it polls, after the last session's first turn, and (c
 after the idle timeout has passed for every session; RUNNING workflows of the phase's
 queue (visibility); then the next message to ``--probe`` of the sessions, one at a time
 (p50/p95): a cached or evicted open run vs a completed run started again
-(update-with-start).
+(update-with-start); and ``--restart-parts`` completed sessions' restarts timed part by
+part (the refused Update, the resume read, the update-with-start, then an Update to the
+open run for comparison).
 
 Run from the repo root (not part of ``make test``)::
 
@@ -41,6 +43,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
@@ -51,12 +54,14 @@ from sqlalchemy.engine import Engine  # noqa: E402
 from temporalio.api.enums.v1 import TaskQueueType  # noqa: E402
 from temporalio.api.taskqueue.v1 import TaskQueue  # noqa: E402
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest  # noqa: E402
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import Client, WithStartWorkflowOperation  # noqa: E402
+from temporalio.client import WorkflowUpdateStage as Stage  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from temporalio.service import RPCError  # noqa: E402
 
 from baton.agents import registry  # noqa: E402
 from baton.agents.spec import AgentSpec  # noqa: E402
-from baton.contracts import Provenance, SessionConfig  # noqa: E402
+from baton.contracts import Provenance, SessionConfig, UserMessage  # noqa: E402
 from baton.errors import AgentNotFound, EngineUnavailable  # noqa: E402
 from baton.runs import launch  # noqa: E402
 from baton.settings import Settings  # noqa: E402
@@ -64,9 +69,17 @@ from baton.storage.db import init_db, make_engine, session_scope  # noqa: E402
 from worker.stack import DevServer, free_port  # noqa: E402
 
 AGENT = "idle-bench"
+#: The parts of a restart that ``--restart-parts`` times.
+RESTART_PARTS = (
+    "the Update to the completed run (refused NOT_FOUND)",
+    "reading the resume point",
+    "update-with-start of the next run, to the reply",
+    "for comparison: an Update to the open run, to the reply",
+)
 #: Tries of one launch refused by Temporal (EngineUnavailable: transient under load).
 LAUNCH_ATTEMPTS = 5
 TARGET_MB = 500.0
+ACCEPTED = Stage.ACCEPTED
 
 
 def rss_mb(pid: int) -> float:
@@ -159,6 +172,40 @@ async def probe(client: Client, engine: Engine, ids: list[str], count: int) -> l
     return took
 
 
+async def restart_parts(client: Client, engine: Engine, ids: list[str]) -> dict[str, float]:
+    """p50 ms of the parts of ``deliver_update`` restarting each completed session in
+    ``ids``: the Update its completed run refuses, the resume read, the update-with-start
+    to the reply; then an Update to the now open run, to the reply, for comparison."""
+    parts: dict[str, list[float]] = {k: [] for k in RESTART_PARTS}
+    for sid in ids:
+        arg = UserMessage(prompt="again")
+        t0 = time.perf_counter()
+        try:
+            await client.get_workflow_handle(sid).start_update(
+                launch.UPDATE, arg, id=str(uuid.uuid4()), wait_for_stage=ACCEPTED
+            )
+            raise RuntimeError(f"{sid}: its run was still open")
+        except RPCError:
+            pass
+        t1 = time.perf_counter()
+        point, name = await asyncio.to_thread(launch._resume_point, engine, sid)
+        t2 = time.perf_counter()
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            launch.WORKFLOW, point.input, **launch._restart_options(point, name, client.namespace)
+        )
+        await client.execute_update_with_start_workflow(
+            launch.UPDATE, arg, start_workflow_operation=start, id=str(uuid.uuid4())
+        )
+        t3 = time.perf_counter()
+        await client.get_workflow_handle(sid).execute_update(
+            launch.UPDATE, arg, id=str(uuid.uuid4())
+        )
+        t4 = time.perf_counter()
+        for key, took in zip(RESTART_PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            parts[key].append(took)
+    return {k: statistics.median(v) * 1000 for k, v in parts.items()}
+
+
 async def phase(
     name: str,
     args: argparse.Namespace,
@@ -203,6 +250,11 @@ async def phase(
                 await asyncio.sleep(1)
             figures["after_idle"] = rss_mb(proc.pid)
             figures["running_after_idle"] = left
+        if idle is not None and args.restart_parts:
+            # Sessions the probes below do not touch (they would be open again).
+            parts = await restart_parts(client, engine, ids[-args.restart_parts :])
+            figures.update({f"part:{k}": v for k, v in parts.items()})
+            ids = ids[: -args.restart_parts]
         took = await probe(client, engine, ids, args.probe)
         figures["probe_p50_ms"] = statistics.median(took) * 1000
         figures["probe_p95_ms"] = pct(took, 95) * 1000
@@ -257,6 +309,10 @@ def report(args: argparse.Namespace, held: dict[str, float] | None, done: dict[s
     if held is not None:
         ratio = done["probe_p50_ms"] / held["probe_p50_ms"]
         print(f"  next message, restart vs open run: {ratio:.2f}x (p50)")
+    if f"part:{RESTART_PARTS[0]}" in done:
+        print(f"  a restart, part by part ({args.restart_parts} sessions, p50):")
+        for key in RESTART_PARTS:
+            print(f"    {key:<58}{done[f'part:{key}']:7.1f} ms")
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -299,6 +355,12 @@ def main() -> None:
     )
     p.add_argument("--settle", type=float, default=10.0, help="seconds past the idle timeout")
     p.add_argument("--probe", type=int, default=50, help="sessions sent a next message")
+    p.add_argument(
+        "--restart-parts",
+        type=int,
+        default=20,
+        help="completed sessions whose restart is timed part by part (0: skip)",
+    )
     p.add_argument("--database-url", help="Baton's DB (default: a SQLite file in a temp dir)")
     p.add_argument(
         "--no-held",
