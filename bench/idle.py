@@ -173,7 +173,7 @@ async def phase(
     config = Settings().session_config().model_copy(update={"idle_timeout_s": idle})
     log = (tmp / f"worker-{name}.log").open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "baton.cli", "worker"],
+        [sys.executable, "-m", "cli", "worker"],
         cwd=ROOT,
         env={**env, "BATON_TASK_QUEUE": queue},
         stdout=log,
