@@ -20,12 +20,13 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from baton import temporal_ui
 from baton.settings import Settings
 from tests.conftest import migrated
-from tests.test_console import CHROMIUM, CHROMIUM_ARGS, SHOTS
+from tests.test_console import SHOTS
+from tests.test_console import browser as browser  # the fixture: one headless system Chromium
 from worker.stack import DevServer, ServicesThread, free_port
 
 # Each UI page takes seconds to render on a loaded machine; and the tests share one module
@@ -141,19 +142,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             services.stop()
     finally:
         dev.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """One headless system Chromium for the module."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} missing: `apt-get install chromium` (.ci/run does it)")
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture
