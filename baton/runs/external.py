@@ -39,6 +39,7 @@ from baton.contracts import (
     EXTERNAL_TOOL_CALL,
     NOT_EXTERNAL,
     SESSION_CLOSED,
+    SESSION_PATCH_LEVEL,
     UNKNOWN_TOOL,
     ExternalMessage,
     ExternalMessageOutcome,
@@ -221,7 +222,13 @@ async def open_external_session(
 
     slug, version, plain, expires = await asyncio.to_thread(record)
     pin = f"{slug}@{version}"
-    inp = SessionInput(session_id=session_id, agent_pin=pin, provenance=prov, config=config)
+    inp = SessionInput(
+        session_id=session_id,
+        agent_pin=pin,
+        provenance=prov,
+        config=config,
+        patch_level=SESSION_PATCH_LEVEL,
+    )
     try:
         await client.start_workflow(
             launch.WORKFLOW,

@@ -41,6 +41,7 @@ from baton.contracts import (
     SESSION_BUSY,
     SESSION_CLOSED,
     SESSION_EXTERNAL,
+    SESSION_PATCH_LEVEL,
     Provenance,
     ResolvedAgent,
     ResumePoint,
@@ -166,43 +167,45 @@ async def launch_session(
     idempotent = session_id is not None
     session_id = session_id or f"session-{uuid.uuid4()}"
 
-    def record() -> tuple[str, int]:
+    def record() -> tuple[str, int, ResolvedAgent | None]:
         with session_scope(engine) as s:
             existing = s.get(SessionRow, session_id) if idempotent else None
             if existing is not None:
-                return existing.agent_slug, existing.agent_version
-            if agent is not None:
-                row = session_store.create_session(
-                    s,
-                    session_id=session_id,
-                    agent_slug=agent.slug,
-                    agent_version=agent.version,
-                    provenance=provenance,
-                    name=name or _name(prompt),
-                )
-                row.resolved_agent = agent.model_dump(mode="json")
-                s.add(row)
-                return agent.slug, agent.version
-            found, rev = registry.resolve_ref(s, ref=ref)
-            session_store.create_session(
+                # A retried launch: a start still to come runs what the first attempt
+                # was given, or loads its pin (the workflow's `load_agent`).
+                return existing.agent_slug, existing.agent_version, agent
+            snapshot = agent
+            if snapshot is None:
+                snapshot = registry.resolve_agent(s, ref=ref)
+            row = session_store.create_session(
                 s,
                 session_id=session_id,
-                agent_slug=found.slug,
-                agent_version=rev.version,
+                agent_slug=snapshot.slug,
+                agent_version=snapshot.version,
                 provenance=provenance,
                 name=name or _name(prompt),
             )
-            return found.slug, rev.version
+            if snapshot.mcp_servers and agent is None:
+                # MCP tools are discovered by the worker's `load_agent` (it reaches the
+                # servers; the API need not): the workflow loads this pin itself.
+                return snapshot.slug, snapshot.version, None
+            row.resolved_agent = snapshot.model_dump(mode="json")
+            s.add(row)
+            return snapshot.slug, snapshot.version, snapshot
 
-    slug, version = await asyncio.to_thread(record)
+    slug, version, resolved = await asyncio.to_thread(record)
     pin = f"{slug}@{version}"
     inp = SessionInput(
         session_id=session_id,
         agent_pin=pin,
         provenance=provenance,
         config=config,
-        agent=agent,
+        # The snapshot goes in the input: the first workflow task schedules the first
+        # model turn at once, with no `load_agent` (issue 14). It is what `load_agent`
+        # would resolve and record: the same pin, resolved in the same way.
+        agent=resolved,
         team=team,
+        patch_level=SESSION_PATCH_LEVEL,
     )
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         WORKFLOW,
