@@ -28,7 +28,7 @@ from api.problems import problem_responses
 from baton.agents import registry, teams
 from baton.agents.schemas import MAX_OFFSET, Page
 from baton.agents.spec import REF_PATTERN, SafeText, parse_ref
-from baton.contracts import MAX_MESSAGE_CHARS, Provenance, TeamSnapshot
+from baton.contracts import MAX_MESSAGE_CHARS, Provenance, ResolvedAgent, TeamSnapshot
 from baton.errors import BatonError
 from baton.grants.auth import Forbidden, Role, Unauthorized
 from baton.runs import external, inquiries, launch, run_tree, session_store
@@ -223,7 +223,7 @@ async def create_session(
     token (shown once) and the MCP server's URL.
     """
 
-    def route() -> tuple[str, TeamSnapshot | None]:
+    def route() -> tuple[str, TeamSnapshot | None, ResolvedAgent]:
         # AgentX Agent Teams, explicit routing: team > target agent > agent > default.
         with session_scope(engine) as s:
             if body.team:
@@ -238,8 +238,11 @@ async def create_session(
                         "name an agent, a target_agent or a team (no BATON_DEFAULT_AGENT is set)",
                         path="agent",
                     )
-            caller.require(s, parse_ref(ref)[0], "user")
-            if registry.is_ambassador(s, slug=parse_ref(ref)[0]):
+            slug, version = parse_ref(ref)
+            caller.require(s, slug, "user")
+            # Resolved once here; the launch records this snapshot (issue 14).
+            resolved = registry.resolve_agent(s, ref=ref)
+            if registry.is_ambassador(s, slug=slug, live=resolved if version is None else None):
                 raise inquiries.NotInvocable(
                     f"'{parse_ref(ref)[0]}' is an ambassador: ask it about a session with "
                     "POST /v1/sessions/{id}/inquiries",
@@ -247,9 +250,9 @@ async def create_session(
                 )
             for member in team.members if team else []:
                 caller.require(s, member.agent_id, "user")  # a team run runs every member
-            return ref, team
+            return ref, team, resolved
 
-    ref, team = await asyncio.to_thread(route)
+    ref, team, resolved = await asyncio.to_thread(route)
     if body.external:
         return await _open_external(body, request, engine, settings, client, caller, ref)
     assert body.prompt is not None  # checked by SessionCreate
@@ -268,6 +271,7 @@ async def create_session(
         sync=body.sync,
         name=body.name,
         team=team,
+        resolved=resolved,
     )
     return SessionAccepted(
         session_id=launched.session_id,

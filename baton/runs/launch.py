@@ -149,12 +149,14 @@ async def launch_session(
     update_id: str | None = None,
     agent: ResolvedAgent | None = None,
     team: TeamSnapshot | None = None,
+    resolved: ResolvedAgent | None = None,
 ) -> Launched:
     """Resolve ``ref``, record the session and start it with its first message.
 
     ``agent`` runs a given configuration instead of resolving ``ref`` (a subagent
     node: its pin overlaid with node-local instructions, model and tools); ``team``
-    makes it a team run (the supervisor's session, members pinned).
+    makes it a team run (the supervisor's session, members pinned); ``resolved`` is
+    ``ref`` as the caller just resolved it (the API, checking it), not resolved again.
 
     ``session_id`` + ``update_id`` make the launch idempotent (the ``delegate``
     activity derives both from the delegation id, so a retry attaches to the
@@ -174,9 +176,7 @@ async def launch_session(
                 # A retried launch: a start still to come runs what the first attempt
                 # was given, or loads its pin (the workflow's `load_agent`).
                 return existing.agent_slug, existing.agent_version, agent
-            snapshot = agent
-            if snapshot is None:
-                snapshot = registry.resolve_agent(s, ref=ref)
+            snapshot = agent or resolved or registry.resolve_agent(s, ref=ref)
             row = session_store.create_session(
                 s,
                 session_id=session_id,
