@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -134,6 +135,65 @@ def final_text(engine: Engine, message_id: str) -> str:
         return row.text if row else ""
 
 
+@dataclass
+class Recorded:
+    """A session row recorded for a launch (:func:`record_session`): its pin, and the
+    snapshot its first run carries (None: the workflow's ``load_agent`` resolves the pin)."""
+
+    session_id: str
+    slug: str
+    version: int
+    snapshot: ResolvedAgent | None
+
+
+def record_session(
+    s: Session,
+    *,
+    session_id: str,
+    ref: str,
+    prompt: str,
+    provenance: Provenance,
+    name: str | None = None,
+    idempotent: bool = False,
+    agent: ResolvedAgent | None = None,
+    resolved: ResolvedAgent | None = None,
+) -> Recorded:
+    """Record the session row of a launch in the caller's transaction ``s`` (the API does
+    it in the transaction that checked the request: issue 14, one transaction).
+
+    ``agent``: see :func:`launch_session`; ``resolved``: ``ref`` as the caller has just
+    resolved it (not resolved again). An ``idempotent`` launch whose row
+    exists (a retried delegation) returns it unchanged. Raises what the registry raises
+    for ``ref`` (AgentNotFound, AgentRetired, …) when it resolves it.
+    """
+    existing = s.get(SessionRow, session_id) if idempotent else None
+    if existing is not None:
+        # A retried launch: a start still to come runs what the first attempt was
+        # given, or loads its pin (the workflow's `load_agent`).
+        return Recorded(session_id, existing.agent_slug, existing.agent_version, agent)
+    snapshot = agent or resolved or registry.resolve_agent(s, ref=ref)
+    row = session_store.create_session(
+        s,
+        session_id=session_id,
+        agent_slug=snapshot.slug,
+        agent_version=snapshot.version,
+        provenance=provenance,
+        name=name or _name(prompt),
+    )
+    if snapshot.mcp_servers and agent is None:
+        # MCP tools are discovered by the worker's `load_agent` (it reaches the servers;
+        # the API need not): the workflow loads this pin itself.
+        return Recorded(session_id, snapshot.slug, snapshot.version, None)
+    row.resolved_agent = snapshot.model_dump(mode="json")
+    s.add(row)
+    return Recorded(session_id, snapshot.slug, snapshot.version, snapshot)
+
+
+def new_session_id() -> str:
+    """A new session's id (its workflow id)."""
+    return f"session-{uuid.uuid4()}"
+
+
 async def launch_session(
     client: Client,
     engine: Engine,
@@ -149,14 +209,14 @@ async def launch_session(
     update_id: str | None = None,
     agent: ResolvedAgent | None = None,
     team: TeamSnapshot | None = None,
-    resolved: ResolvedAgent | None = None,
+    recorded: Recorded | None = None,
 ) -> Launched:
     """Resolve ``ref``, record the session and start it with its first message.
 
     ``agent`` runs a given configuration instead of resolving ``ref`` (a subagent
     node: its pin overlaid with node-local instructions, model and tools); ``team``
-    makes it a team run (the supervisor's session, members pinned); ``resolved`` is
-    ``ref`` as the caller just resolved it (the API, checking it), not resolved again.
+    makes it a team run (the supervisor's session, members pinned); ``recorded``: the
+    row the caller recorded itself in its own transaction (:func:`record_session`).
 
     ``session_id`` + ``update_id`` make the launch idempotent (the ``delegate``
     activity derives both from the delegation id, so a retry attaches to the
@@ -166,34 +226,24 @@ async def launch_session(
     AgentNotPublished / InvalidReference, EngineUnavailable (Temporal refused the
     start; nothing is left behind) or TurnFailed (sync, the first turn failed).
     """
-    idempotent = session_id is not None
-    session_id = session_id or f"session-{uuid.uuid4()}"
+    idempotent = session_id is not None and recorded is None
 
-    def record() -> tuple[str, int, ResolvedAgent | None]:
+    def record() -> Recorded:
         with session_scope(engine) as s:
-            existing = s.get(SessionRow, session_id) if idempotent else None
-            if existing is not None:
-                # A retried launch: a start still to come runs what the first attempt
-                # was given, or loads its pin (the workflow's `load_agent`).
-                return existing.agent_slug, existing.agent_version, agent
-            snapshot = agent or resolved or registry.resolve_agent(s, ref=ref)
-            row = session_store.create_session(
+            return record_session(
                 s,
-                session_id=session_id,
-                agent_slug=snapshot.slug,
-                agent_version=snapshot.version,
+                session_id=session_id or new_session_id(),
+                ref=ref,
+                prompt=prompt,
                 provenance=provenance,
-                name=name or _name(prompt),
+                name=name,
+                idempotent=idempotent,
+                agent=agent,
             )
-            if snapshot.mcp_servers and agent is None:
-                # MCP tools are discovered by the worker's `load_agent` (it reaches the
-                # servers; the API need not): the workflow loads this pin itself.
-                return snapshot.slug, snapshot.version, None
-            row.resolved_agent = snapshot.model_dump(mode="json")
-            s.add(row)
-            return snapshot.slug, snapshot.version, snapshot
 
-    slug, version, resolved = await asyncio.to_thread(record)
+    if recorded is None:
+        recorded = await asyncio.to_thread(record)
+    session_id, slug, version = recorded.session_id, recorded.slug, recorded.version
     pin = f"{slug}@{version}"
     inp = SessionInput(
         session_id=session_id,
@@ -203,7 +253,7 @@ async def launch_session(
         # The snapshot goes in the input: the first workflow task schedules the first
         # model turn at once, with no `load_agent` (issue 14). It is what `load_agent`
         # would resolve and record: the same pin, resolved in the same way.
-        agent=resolved,
+        agent=recorded.snapshot,
         team=team,
         patch_level=SESSION_PATCH_LEVEL,
     )
