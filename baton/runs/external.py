@@ -28,7 +28,6 @@ from typing import Any, Literal
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateStage
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from baton import temporal_ui
@@ -264,9 +263,7 @@ async def open_external_session(
 
 def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
     """The external Updates' own refusals; the rest as :func:`baton.runs.launch._update_error`."""
-    cause = exc.cause
-    kind = cause.type if isinstance(cause, ApplicationError) else None
-    message = str(cause.message) if isinstance(cause, ApplicationError) else str(cause)
+    kind, message = launch.refusal(exc)
     if kind == NOT_EXTERNAL:
         return NotExternal(message, session_id=session_id)
     if kind == UNKNOWN_TOOL:

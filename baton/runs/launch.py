@@ -99,10 +99,18 @@ def _name(prompt: str) -> str:
     return session_store.summarise(line, 80)
 
 
-def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
+def refusal(exc: WorkflowUpdateFailedError) -> tuple[str | None, str]:
+    """An Update's failure as ``(type, message)``: the workflow's ApplicationError type
+    (``session_busy``, ``not_external``, …; None for any other failure) and its message."""
     cause = exc.cause
-    kind = cause.type if isinstance(cause, ApplicationError) else None
-    message = str(cause.message) if isinstance(cause, ApplicationError) else str(cause)
+    if isinstance(cause, ApplicationError):
+        return cause.type, str(cause.message)
+    return None, str(cause)
+
+
+def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
+    kind, message = refusal(exc)
+    cause = exc.cause
     if kind == SESSION_BUSY:
         return SessionBusy(message, session_id=session_id)
     if kind == SESSION_CLOSED:
