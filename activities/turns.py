@@ -355,7 +355,15 @@ class SessionActivities:
                 type="agent_unavailable",
                 non_retryable=True,
             ) from exc
+        # A local activity (workflows/session.py): the first model_turn usually runs on
+        # this worker and finds the snapshot here instead of reading and parsing it again.
+        self._remember(inp.session_id, resolved)
         return resolved
+
+    def _remember(self, session_id: str, agent: ResolvedAgent) -> None:
+        if len(self._agents) >= AGENT_CACHE_SIZE:
+            self._agents.pop(next(iter(self._agents)))
+        self._agents[session_id] = agent
 
     def _prepare(
         self, inp: ModelTurnInput
@@ -400,9 +408,7 @@ class SessionActivities:
                 # A session's snapshot never changes once recorded: parse it once per worker.
                 row = session_store.get_session(s, session_id=inp.session_id)
                 agent = ResolvedAgent.model_validate(row.resolved_agent)
-                if len(self._agents) >= AGENT_CACHE_SIZE:
-                    self._agents.pop(next(iter(self._agents)))
-                self._agents[inp.session_id] = agent
+                self._remember(inp.session_id, agent)
             offer = inp.delegation
             entries = (
                 roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []
