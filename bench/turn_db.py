@@ -76,17 +76,22 @@ def _child(args: argparse.Namespace) -> None:
         )
         registry.publish(s, slug=AGENT)
     acts = SessionActivities(engine)
-    sid = "session-turn-db-bench"
-    with session_scope(engine) as s:
-        session_store.create_session(
-            s,
-            session_id=sid,
-            agent_slug=AGENT,
-            agent_version=1,
-            provenance=Provenance(),
-            name="bench",
-        )
-    acts.load_agent(LoadAgentInput(session_id=sid, agent_pin=f"{AGENT}@1"))
+
+    def new_session(n: int) -> str:
+        # As a launch does (outside the timing): the row, then the pinned agent's snapshot.
+        sid = f"session-turn-db-bench-{n}"
+        with session_scope(engine) as s:
+            session_store.create_session(
+                s,
+                session_id=sid,
+                agent_slug=AGENT,
+                agent_version=1,
+                provenance=Provenance(),
+                name="bench",
+            )
+        acts.load_agent(LoadAgentInput(session_id=sid, agent_pin=f"{AGENT}@1"))
+        return sid
+
     usage = Usage(requests=1, input_tokens=120, output_tokens=8, cost_usd=None, wall_ms=3)
     samples: dict[str, list[tuple[int, int]]] = {c: [] for c in CALLS}
 
@@ -97,7 +102,11 @@ def _child(args: argparse.Namespace) -> None:
         return out
 
     profile = cProfile.Profile() if args.profile else None
-    for turn in range(1, args.warmup + args.turns + 1):
+    sid = ""
+    for n in range(args.warmup + args.turns):
+        if n % args.per_session == 0:
+            sid = new_session(n)
+        turn = n % args.per_session + 1
         inp = ModelTurnInput(
             session_id=sid,
             agent_slug=AGENT,
@@ -109,7 +118,7 @@ def _child(args: argparse.Namespace) -> None:
             user_text=f"question {turn}",
             user_position=position(turn, 0, 0),
         )
-        if turn == args.warmup + 1:
+        if n == args.warmup:
             samples = {c: [] for c in CALLS}
             if profile is not None:
                 profile.enable()
@@ -186,6 +195,7 @@ def _postgres() -> Iterator[str]:
 def _run_child(tree: Path, url: str, args: argparse.Namespace, profile: str = "") -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--database-url", url]
     cmd += ["--turns", str(args.turns), "--warmup", str(args.warmup)]
+    cmd += ["--per-session", str(args.per_session)]
     if profile:
         cmd += ["--profile", profile]
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -208,6 +218,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=300, help="timed turns per child")
     ap.add_argument("--warmup", type=int, default=30, help="untimed turns per child first")
+    ap.add_argument(
+        "--per-session",
+        type=int,
+        default=1,
+        help="turns per session (1: each turn a new session's first, as bench/peer.py)",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="old/new alternations per backend")
     ap.add_argument("--baseline", default=BASELINE, help="git ref of the old code path")
     ap.add_argument("--postgres", action="store_true", help="also a throwaway PostgreSQL")
@@ -230,6 +246,7 @@ def main() -> None:
             backends.append(("postgresql", _postgres))
         print(
             f"{args.rounds} rounds x {args.turns} turns per tree (+{args.warmup} warm-up), "
+            f"{args.per_session} turn(s) per session, "
             f"old = {args.baseline}, new = this tree; medians per call"
         )
         for backend, make in backends:

@@ -19,9 +19,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Table, bindparam, func
-from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col
 
@@ -104,8 +105,12 @@ _COLUMN = {
 _USAGE: Table = UsageRow.__table__  # type: ignore[attr-defined]
 _BALANCE: Table = BalanceRow.__table__  # type: ignore[attr-defined]
 # Built once per process: every model call runs these (see baton.runs.session_store).
-_METERED = sa_select(_USAGE.c.id).where(_USAGE.c.message_id == bindparam("message_id"))
-_INSERT_USAGE = sa_insert(_USAGE)
+#: The usage row of a call not metered yet; a retry's finds its ``message_id`` and writes
+#: nothing (both backends' ``ON CONFLICT DO NOTHING`` on the unique key).
+_INSERT_USAGE_ONCE = {
+    "sqlite": sqlite_insert(_USAGE).on_conflict_do_nothing(index_elements=["message_id"]),
+    "postgresql": pg_insert(_USAGE).on_conflict_do_nothing(index_elements=["message_id"]),
+}
 _READ_BALANCE = sa_select(_BALANCE.c.amount_usd).where(_BALANCE.c.id == 1)
 _CHARGE = (
     sa_update(_BALANCE)
@@ -166,17 +171,11 @@ def record(
     token_budget reservation is settled to these tokens in the same transaction.
     """
     conn = session.connection()
-    if conn.execute(_METERED, {"message_id": message_id}).first():
-        return False
-    # The call's token_budget reservation becomes its usage in this same transaction.
-    run_tree.settle_tokens(
-        session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
-    )
     now = utcnow()
-    # A Core INSERT on the transaction's connection: every model call writes one, and the
-    # ORM unit of work cost more CPU than the statement (issue 14).
-    conn.execute(
-        _INSERT_USAGE,
+    # One Core INSERT … ON CONFLICT (message_id) DO NOTHING on the transaction's connection,
+    # built once: the check for a retry and the write are one statement (issue 14).
+    inserted = conn.execute(
+        _INSERT_USAGE_ONCE[conn.dialect.name],
         {
             "message_id": message_id,
             "day": now.date().isoformat(),
@@ -189,6 +188,12 @@ def record(
             "cost_usd": cost_usd,
             "at": now,
         },
+    )
+    if not inserted.rowcount:
+        return False  # a retry: this call is metered already
+    # The call's token_budget reservation becomes its usage in this same transaction.
+    run_tree.settle_tokens(
+        session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
     )
     if cost_usd:
         conn.execute(_CHARGE, {"cost": cost_usd, "now": now})

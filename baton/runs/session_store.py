@@ -240,6 +240,8 @@ _PENDING_EVENTS = "baton_pending_events"
 # not ``NOT IN (…)``, whose expanding parameter is re-rendered at every execution.
 _OPEN = sa_and(*(_SESSIONS.c.status != s for s in CLOSED_STATUSES))
 _INSERT_EVENT = sa_insert(_EVENTS)
+#: PostgreSQL's events, written at commit, announce themselves (``LISTEN baton_events``).
+_INSERT_EVENT_NOTIFY = sa_insert(_EVENTS).returning(notify.notify_returning(_EVENTS.c.session_id))
 _INSERT_MESSAGE = sa_insert(_MESSAGES)
 _MESSAGE_EXISTS = sa_select(_MESSAGES.c.id).where(_MESSAGES.c.id == bindparam("message_id"))
 _MESSAGE_ROW = sa_select(_MESSAGES).where(_MESSAGES.c.id == bindparam("message_id"))
@@ -359,9 +361,8 @@ def _write_pending_events(session: Session) -> None:
     )
     rows = [r for r, unless, _ in pending if not (unless and r["session_id"] in closed)]
     if rows:  # one multi-row INSERT: ids follow the list's order
-        session.connection().execute(_INSERT_EVENT, rows)
         # Followers in other processes: LISTEN baton_events hears it at commit (issue 14).
-        notify.notify_sql(session, (r["session_id"] for r in rows))
+        session.connection().execute(_INSERT_EVENT_NOTIFY, rows)
 
 
 @sa_event.listens_for(Session, "after_soft_rollback")
