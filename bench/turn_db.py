@@ -95,13 +95,19 @@ def _child(args: argparse.Namespace) -> None:
     usage = Usage(requests=1, input_tokens=120, output_tokens=8, cost_usd=None, wall_ms=3)
     samples: dict[str, list[tuple[int, int]]] = {c: [] for c in CALLS}
 
+    profile = cProfile.Profile() if args.profile else None
+    profiling = False
+
     def timed(name: str, fn: Callable[..., Any], *a: Any) -> Any:
+        if profiling and profile is not None:
+            profile.enable()
         w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         out = fn(*a)
         samples[name].append((time.perf_counter_ns() - w0, time.thread_time_ns() - c0))
+        if profiling and profile is not None:
+            profile.disable()
         return out
 
-    profile = cProfile.Profile() if args.profile else None
     sid = ""
     for n in range(args.warmup + args.turns):
         if n % args.per_session == 0:
@@ -120,13 +126,11 @@ def _child(args: argparse.Namespace) -> None:
         )
         if n == args.warmup:
             samples = {c: [] for c in CALLS}
-            if profile is not None:
-                profile.enable()
+            profiling = True
         done, *_ = timed("_prepare", acts._prepare, inp)
         assert done is None, "a new turn found a stored reply"
         timed("_persist", acts._persist, inp, "ok", [], usage, "", 1, "stub-model")
     if profile is not None:
-        profile.disable()
         profile.dump_stats(args.profile)
     engine.dispose()
     out = {

@@ -107,9 +107,15 @@ _BALANCE: Table = BalanceRow.__table__  # type: ignore[attr-defined]
 # Built once per process: every model call runs these (see baton.runs.session_store).
 #: The usage row of a call not metered yet; a retry's finds its ``message_id`` and writes
 #: nothing (both backends' ``ON CONFLICT DO NOTHING`` on the unique key).
+#: ``RETURNING id`` tells which (the driver's rowcount does not, once SQLAlchemy adds its
+#: own implicit ``RETURNING`` of the primary key on PostgreSQL).
 _INSERT_USAGE_ONCE = {
-    "sqlite": sqlite_insert(_USAGE).on_conflict_do_nothing(index_elements=["message_id"]),
-    "postgresql": pg_insert(_USAGE).on_conflict_do_nothing(index_elements=["message_id"]),
+    "sqlite": sqlite_insert(_USAGE)
+    .on_conflict_do_nothing(index_elements=["message_id"])
+    .returning(_USAGE.c.id),
+    "postgresql": pg_insert(_USAGE)
+    .on_conflict_do_nothing(index_elements=["message_id"])
+    .returning(_USAGE.c.id),
 }
 _READ_BALANCE = sa_select(_BALANCE.c.amount_usd).where(_BALANCE.c.id == 1)
 _CHARGE = (
@@ -189,7 +195,7 @@ def record(
             "at": now,
         },
     )
-    if not inserted.rowcount:
+    if inserted.first() is None:
         return False  # a retry: this call is metered already
     # The call's token_budget reservation becomes its usage in this same transaction.
     run_tree.settle_tokens(

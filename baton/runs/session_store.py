@@ -9,12 +9,11 @@ in the same transaction as its ``message`` event.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Table, bindparam
+from sqlalchemy import JSON, Table, Text, bindparam
 from sqlalchemy import and_ as sa_and
 from sqlalchemy import event as sa_event
 from sqlalchemy import exists as sa_exists
@@ -23,6 +22,7 @@ from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import text as sa_text
 from sqlalchemy import tuple_ as sa_tuple
+from sqlalchemy import type_coerce as sa_type_coerce
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
@@ -282,18 +282,34 @@ def _bump(with_usage: bool) -> Any:
 
 
 _BUMP, _BUMP_USAGE = _bump(False), _bump(True)
-_HISTORY_COLUMNS = sa_select(
-    _MESSAGES.c.role,
-    _MESSAGES.c.text,
-    _MESSAGES.c.tool_name,
-    _MESSAGES.c.tool_call_id,
-    _MESSAGES.c.tool_calls,
-    _MESSAGES.c.is_error,
-).where(_MESSAGES.c.session_id == bindparam("session_id"))
-_HISTORY_ALL = _HISTORY_COLUMNS.order_by(_MESSAGES.c.position)
-_HISTORY_LAST = _HISTORY_COLUMNS.order_by(_MESSAGES.c.position.desc(), _MESSAGES.c.id.desc()).limit(
-    bindparam("last")
-)
+
+
+def _history_statements(tool_calls: Any) -> tuple[Any, Any]:
+    """:func:`history`'s two reads (all messages; the newest ``last``), ``tool_calls``
+    being the column expression that reads the messages' tool calls."""
+    query = sa_select(
+        _MESSAGES.c.role,
+        _MESSAGES.c.text,
+        _MESSAGES.c.tool_name,
+        _MESSAGES.c.tool_call_id,
+        tool_calls,
+        _MESSAGES.c.is_error,
+    ).where(_MESSAGES.c.session_id == bindparam("session_id"))
+    newest = query.order_by(_MESSAGES.c.position.desc(), _MESSAGES.c.id.desc())
+    return query.order_by(_MESSAGES.c.position), newest.limit(bindparam("last"))
+
+
+#: Most messages carry no tool calls, stored as JSON ``null``. SQLite hands the text back
+#: to be decoded row by row, so there ``NULLIF(…, 'null')`` returns SQL NULL, which is
+#: never decoded (PostgreSQL's driver decodes JSON itself, and has no ``=`` for json).
+_HISTORY = {
+    "sqlite": _history_statements(
+        sa_type_coerce(
+            sa_func.nullif(sa_type_coerce(_MESSAGES.c.tool_calls, Text), "null"), JSON
+        ).label("tool_calls")
+    ),
+    "postgresql": _history_statements(_MESSAGES.c.tool_calls),
+}
 
 
 def append_event(
@@ -579,9 +595,9 @@ def messages(session: Session, *, session_id: str) -> list[MessageRow]:
     )
 
 
-@dataclass(frozen=True)
-class HistoryItem:
-    """The columns a model call needs from one stored message."""
+class HistoryItem(NamedTuple):
+    """The columns a model call needs from one stored message (a tuple: up to
+    ``BATON_CONTEXT_MESSAGES`` of them are built per model call)."""
 
     role: str
     text: str
@@ -601,11 +617,12 @@ def history(session: Session, *, session_id: str, last: int | None = None) -> li
     bounded read never touches the older rows (issue 14).
     """
     conn = session.connection()
+    every, newest_first = _HISTORY[conn.dialect.name]
     if last is None:
-        rows = conn.execute(_HISTORY_ALL, {"session_id": session_id}).all()
-        return [HistoryItem(*row) for row in rows]
-    newest = conn.execute(_HISTORY_LAST, {"session_id": session_id, "last": last}).all()
-    items = [HistoryItem(*row) for row in reversed(newest)]
+        rows = conn.execute(every, {"session_id": session_id}).all()
+        return [HistoryItem._make(row) for row in rows]
+    newest = conn.execute(newest_first, {"session_id": session_id, "last": last}).all()
+    items = [HistoryItem._make(row) for row in reversed(newest)]
     first_user = next((i for i, m in enumerate(items) if m.role == "user"), 0)
     return items[first_user:]
 
