@@ -13,6 +13,10 @@ measuring child, alternately, round after round (``--rounds``), each on a fresh 
 (``PYTHONPATH`` picks the tree; the child prints which one it imported). The ratio
 new/old of the medians is printed per call and backend.
 
+Sessions are created and their agent loaded outside the timing; ``--per-session`` turns
+run on each (1, the default: every turn is a new session's first, as in bench/peer.py;
+300: long sessions, whose ``_prepare`` reads a 200-message context window).
+
 Backends: a SQLite file in a temp dir (WAL, as ``make_engine`` sets it up) and, with
 ``--postgres``, a throwaway PostgreSQL cluster started as ``tests/conftest.py`` does
 (``fsync=off``), or ``--database-url`` for one of your own (its tables are dropped).
