@@ -56,6 +56,11 @@ def test_histories_are_checked_in() -> None:
     v8 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
     assert {f"{kind}-v8" for kind in v8} <= names
     assert {"xagent-review-allowed-v8", "step-invalid-v8", "step-timeout-v8"} <= names
+    # v9: runs born with every patch (no markers) and with their resolved agent (no
+    # load_agent), issue 14; tests/test_born_patched.py replays them at other levels too.
+    v9 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
+    assert {f"{kind}-v9" for kind in v9} <= names
+    assert {"xagent-review-allowed-v9", "team-fan-out-v9", "cancel-cascade-v9"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

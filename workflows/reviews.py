@@ -198,7 +198,7 @@ class ReviewMixin(DelegationMixin):
         # what follows, one server round trip fewer between decision and resumed turn
         # (issue 14). Durable all the same: its result is a marker in history.
         summary = f"review {outcome}"
-        if workflow.patched(PATCH_LOCAL_SETTLE):
+        if self._patched(PATCH_LOCAL_SETTLE):
             settled: SettleResult = await self._local(
                 XAgentActivities.settle_review, settle, summary=summary
             )
