@@ -356,7 +356,8 @@ class SessionActivities:
                 non_retryable=True,
             ) from exc
         # A local activity (workflows/session.py): the first model_turn usually runs on
-        # this worker and finds the snapshot here instead of reading and parsing it again.
+        # this worker and finds the snapshot here instead of reading and parsing it again
+        # (a launch that records the snapshot itself skips load_agent: _prepare reads it).
         self._remember(inp.session_id, resolved)
         return resolved
 
@@ -406,8 +407,8 @@ class SessionActivities:
             agent = self._agents.get(inp.session_id)
             if agent is None:
                 # A session's snapshot never changes once recorded: parse it once per worker.
-                row = session_store.get_session(s, session_id=inp.session_id)
-                agent = ResolvedAgent.model_validate(row.resolved_agent)
+                snapshot = session_store.agent_snapshot(s, session_id=inp.session_id)
+                agent = ResolvedAgent.model_validate(snapshot)
                 self._remember(inp.session_id, agent)
             offer = inp.delegation
             entries = (

@@ -13,9 +13,10 @@ measuring child, alternately, round after round (``--rounds``), each on a fresh 
 (``PYTHONPATH`` picks the tree; the child prints which one it imported). The ratio
 new/old of the medians is printed per call and backend.
 
-Sessions are created and their agent loaded outside the timing; ``--per-session`` turns
-run on each (1, the default: every turn is a new session's first, as in bench/peer.py;
-300: long sessions, whose ``_prepare`` reads a 200-message context window).
+Sessions are recorded with their agent snapshot (as a launch does) outside the timing;
+``--per-session`` turns run on each (1, the default: every turn is a new session's
+first, as in bench/peer.py, whose ``_prepare`` parses the snapshot; 300: long sessions,
+whose ``_prepare`` reads a 200-message context window).
 
 Backends: a SQLite file in a temp dir (WAL, as ``make_engine`` sets it up) and, with
 ``--postgres``, a throwaway PostgreSQL cluster started as ``tests/conftest.py`` does
@@ -65,7 +66,7 @@ def _child(args: argparse.Namespace) -> None:
     from activities.turns import SessionActivities
     from baton.agents import registry
     from baton.agents.spec import AgentSpec
-    from baton.contracts import LoadAgentInput, ModelTurnInput, Provenance, Usage, position
+    from baton.contracts import ModelTurnInput, Provenance, Usage, position
     from baton.runs import session_store
     from baton.storage.db import init_db, make_engine, session_scope
 
@@ -82,10 +83,12 @@ def _child(args: argparse.Namespace) -> None:
     acts = SessionActivities(engine)
 
     def new_session(n: int) -> str:
-        # As a launch does (outside the timing): the row, then the pinned agent's snapshot.
+        # As baton.runs.launch records a session (outside the timing): the row with the
+        # pinned agent's snapshot, which the workflow then carries (no load_agent), so the
+        # session's first _prepare on a worker reads and parses the snapshot.
         sid = f"session-turn-db-bench-{n}"
         with session_scope(engine) as s:
-            session_store.create_session(
+            row = session_store.create_session(
                 s,
                 session_id=sid,
                 agent_slug=AGENT,
@@ -93,7 +96,8 @@ def _child(args: argparse.Namespace) -> None:
                 provenance=Provenance(),
                 name="bench",
             )
-        acts.load_agent(LoadAgentInput(session_id=sid, agent_pin=f"{AGENT}@1"))
+            row.resolved_agent = registry.resolve_agent(s, ref=f"{AGENT}@1").model_dump(mode="json")
+            s.add(row)
         return sid
 
     usage = Usage(requests=1, input_tokens=120, output_tokens=8, cost_usd=None, wall_ms=3)

@@ -280,3 +280,24 @@ def test_a_turn_writes_the_same_rows_and_events(engine: Engine) -> None:
         assert (row.message_count, row.input_tokens, row.output_tokens) == (2, 12, 4)
         ids = s.exec(select(sa.func.count()).select_from(EventRow)).one()
     assert ids == len(kinds)
+
+
+def test_a_first_turn_on_another_worker_reads_the_launch_snapshot(engine: Engine) -> None:
+    """_prepare on a worker that never ran load_agent reads the snapshot the launch recorded
+    on the row; agent_snapshot of a missing session raises SessionNotFound."""
+    with session_scope(engine) as s:
+        registry.create_agent(
+            s, slug="bench", name="B", spec=AgentSpec.model_validate({"playbook": []})
+        )
+        registry.publish(s, slug="bench")
+        resolved = registry.resolve_agent(s, ref="bench@1")
+    sid = _session(engine)
+    with session_scope(engine) as s:
+        assert sessions.agent_snapshot(s, session_id=sid) is None
+        row = sessions.get_session(s, session_id=sid)
+        row.resolved_agent = resolved.model_dump(mode="json")
+        s.add(row)
+    _, agent, *_ = SessionActivities(engine)._prepare(_turn(sid, 1))
+    assert agent == resolved
+    with pytest.raises(SessionNotFound), session_scope(engine) as s:
+        sessions.agent_snapshot(s, session_id="session-nobody")

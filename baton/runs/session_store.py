@@ -203,6 +203,19 @@ def get_session(session: Session, *, session_id: str) -> SessionRow:
     return row
 
 
+def agent_snapshot(session: Session, *, session_id: str) -> dict[str, Any] | None:
+    """The ``resolved_agent`` snapshot recorded on ``session_id``'s row (by the launch, or
+    the workflow's ``load_agent``); None until one is. Read by a session's first model call
+    on each worker: one column by a Core query, not the whole row through the ORM (issue
+    14). Raises SessionNotFound."""
+    session.flush()
+    found = session.connection().execute(_SNAPSHOT, {"session_id": session_id}).first()
+    if found is None:
+        raise SessionNotFound(f"no session '{session_id}'")
+    snapshot: dict[str, Any] | None = found[0]
+    return snapshot
+
+
 def list_sessions(
     session: Session,
     *,
@@ -246,6 +259,7 @@ _INSERT_MESSAGE = sa_insert(_MESSAGES)
 _MESSAGE_EXISTS = sa_select(_MESSAGES.c.id).where(_MESSAGES.c.id == bindparam("message_id"))
 _MESSAGE_ROW = sa_select(_MESSAGES).where(_MESSAGES.c.id == bindparam("message_id"))
 _SESSION_EXISTS = sa_select(_SESSIONS.c.id).where(_SESSIONS.c.id == bindparam("session_id"))
+_SNAPSHOT = sa_select(_SESSIONS.c.resolved_agent).where(_SESSIONS.c.id == bindparam("session_id"))
 _SET_STATUS = (
     sa_update(_SESSIONS)
     .where(_SESSIONS.c.id == bindparam("session_id"), _OPEN, _SESSIONS.c.status != bindparam("to"))
