@@ -26,6 +26,7 @@ Run from the repo root (not part of ``make test``)::
 
     .venv/bin/python bench/turn_db.py                    # SQLite, 3 rounds x 300 turns
     .venv/bin/python bench/turn_db.py --postgres         # SQLite and PostgreSQL
+    .venv/bin/python bench/turn_db.py --per-session 300  # long sessions
     .venv/bin/python bench/turn_db.py --profile /tmp/p   # + cProfile of the new tree
 """
 
