@@ -18,7 +18,8 @@ HISTORIES = sorted(HERE.glob("*.json"))
 
 def test_histories_are_checked_in() -> None:
     """The replay suite has histories to replay (tool loop, continue-as-new, cancel, failure,
-    X-Agent reviews and guards, and the local-activity runs of issue 14)."""
+    X-Agent reviews and guards, and the local-activity runs of issue 14, list and read
+    calls included)."""
     names = {p.name.rsplit("-run", 1)[0] for p in HISTORIES}
     # v1: before the coarse-status patch; v2: after it; v3: after the cancel-turn patch;
     # v4: after the x-agent-tools patch.
@@ -56,6 +57,11 @@ def test_histories_are_checked_in() -> None:
     v8 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
     assert {f"{kind}-v8" for kind in v8} <= names
     assert {"xagent-review-allowed-v8", "step-invalid-v8", "step-timeout-v8"} <= names
+    # A list_agents call reviewed and allowed, reviewed and denied, and allowed by a policy:
+    # v8 with xagent_tool an ordinary activity, v9 with the list a local activity (inside
+    # settle_review after a review; the xagent-read-local-activity patch).
+    for kind in ("list-reviewed", "list-denied", "list-allowed"):
+        assert {f"xagent-{kind}-v8", f"xagent-{kind}-v9"} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

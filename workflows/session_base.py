@@ -69,6 +69,7 @@ PATCH_MCP_TOOLS = "mcp-server-tools"
 PATCH_LOCAL_LOAD = "load-agent-local-activity"
 PATCH_LOCAL_SETTLE = "settle-review-local-activity"
 PATCH_IDLE_COMPLETE = "idle-session-completes"
+PATCH_LOCAL_XAGENT_READ = "xagent-read-local-activity"
 
 #: Characters of the last message shown in the current details.
 DETAILS_PREVIEW = 80
