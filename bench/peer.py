@@ -88,6 +88,46 @@ def verdict(ok: bool) -> str:
     return "MET" if ok else "NOT MET"
 
 
+def turn_targets(
+    seq: dict[str, list[float]], tps: dict[str, list[float]], concurrency: int
+) -> list[str]:
+    """The one-turn and throughput target lines from each system's sequential turn
+    latencies and turns/s (``bare`` required). The peer's ratios print ``n/a`` when it was
+    not run (``--systems bare,baton``): only the ratio to bare is judged then. No lines
+    without ``baton``."""
+    if "baton" not in seq:
+        return []
+    bare50, bare_tps = statistics.median(seq["bare"]), statistics.median(tps["bare"])
+    b = statistics.median(seq["baton"]) / bare50
+    bt = statistics.median(tps["baton"]) / bare_tps
+    if "peer" in seq:
+        p = statistics.median(seq["peer"]) / bare50
+        pt = statistics.median(tps["peer"]) / bare_tps
+        peer_seq, peer_tps = f"peer {p:5.2f}x", f"peer {pt:5.2f}x"
+        turn_ok, tps_ok = b <= TURN_RATIO and b < p, bt >= THROUGHPUT_RATIO and bt > pt
+    else:
+        peer_seq = peer_tps = "peer   n/a"
+        turn_ok, tps_ok = b <= TURN_RATIO, bt >= THROUGHPUT_RATIO
+    return [
+        f"  one turn (HTTP, sync)       baton {b:5.2f}x bare   {peer_seq}   "
+        f"target <= {TURN_RATIO}x and < peer: {verdict(turn_ok)}",
+        f"  {concurrency} concurrent throughput    baton {bt:5.2f}x bare   "
+        f"{peer_tps}   target >= {THROUGHPUT_RATIO}x and > peer: {verdict(tps_ok)}",
+    ]
+
+
+def phases_of(phases: str, *, turns_only: bool) -> list[str]:
+    """The phases to run, in :data:`PHASES` order, from ``--phases`` (comma-separated) and
+    ``--turns-only`` (an alias of ``--phases turns``). Raises ValueError on an unknown one."""
+    chosen = ["turns"] if turns_only else [x for x in phases.split(",") if x]
+    unknown = set(chosen) - set(PHASES)
+    if unknown:
+        raise ValueError(
+            f"unknown phase(s) {', '.join(sorted(unknown))}: choose from {', '.join(PHASES)}"
+        )
+    return [x for x in PHASES if x in chosen]
+
+
 def serve_thread(app: Any) -> tuple[Any, str]:
     """``app`` under uvicorn on a free loopback port in a daemon thread; (server, base URL)."""
     import uvicorn
@@ -389,24 +429,7 @@ class Bench:
         for name, turn in systems.items():
             counts = await self.history_counts(await turn())
             self.out(f"  {name:<6} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        if "baton" not in systems:  # bare and the peer alone: no Baton target to judge
-            return
-        b = statistics.median(seq["baton"]) / bare50
-        bt = statistics.median(tps["baton"]) / bare_tps
-        if "peer" in systems:
-            p = statistics.median(seq["peer"]) / bare50
-            pt = statistics.median(tps["peer"]) / bare_tps
-            peer_seq, peer_tps = f"peer {p:5.2f}x", f"peer {pt:5.2f}x"
-            turn_ok, tps_ok = b <= TURN_RATIO and b < p, bt >= THROUGHPUT_RATIO and bt > pt
-        else:  # not run: the ratio to the peer cannot be judged, only the one to bare
-            peer_seq = peer_tps = "peer   n/a"
-            turn_ok, tps_ok = b <= TURN_RATIO, bt >= THROUGHPUT_RATIO
-        self.targets += [
-            f"  one turn (HTTP, sync)       baton {b:5.2f}x bare   {peer_seq}   "
-            f"target <= {TURN_RATIO}x and < peer: {verdict(turn_ok)}",
-            f"  {args.concurrency} concurrent throughput    baton {bt:5.2f}x bare   "
-            f"{peer_tps}   target >= {THROUGHPUT_RATIO}x and > peer: {verdict(tps_ok)}",
-        ]
+        self.targets += turn_targets(seq, tps, args.concurrency)
 
     def report_targets(self) -> None:
         if not self.targets:
@@ -480,9 +503,9 @@ class Bench:
     async def review_path(self, sid: str, t0: float, tool_at: float) -> dict[str, float]:
         """Seconds from ``t0`` (the decision POST sent) to each step of the run's resumption:
         the Signal, then every history event until a workflow task is scheduled after the
-        tool result was stored (named by type, and activity type; a local activity by its
-        marker's completion time; patch markers left out), and the tool row's
-        ``created_at``. The server's clock is this
+        tool result was stored (named by type and activity type; a local activity's marker
+        carries its workflow task's completion time; patch markers left out), and the tool
+        row's ``created_at``. The server's clock is this
         machine's."""
         from temporalio.api.enums.v1 import EventType
 
@@ -507,13 +530,10 @@ class Bench:
             if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
                 marker = e.marker_recorded_event_attributes
                 if marker.marker_name != "core_local_activity":
-                    continue  # a patch marker: no time of its own
-                # A local activity's marker is written when its workflow task completes; the
-                # marker's data has when the activity itself completed.
+                    continue  # a patch marker
+                # Written with the workflow task's completion: its time is that task's.
                 data = json.loads(marker.details["data"].payloads[0].data)
-                name = f"local activity {data['activity_type']} completed"
-                done = data["complete_time"]
-                at = done["seconds"] + done.get("nanos", 0) / 1e9
+                name = f"marker: local activity {data['activity_type']}"
             seen[name] += 1
             label = name if seen[name] == 1 else f"{name} #{seen[name]}"
             out[label] = at - t0
@@ -735,11 +755,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--database-url", help="Baton's DB (default: a temp SQLite file)")
     p.add_argument("--py-spy", help="write a py-spy flame graph of the turn phases here")
     args = p.parse_args(argv)
-    phases = ["turns"] if args.turns_only else [x for x in args.phases.split(",") if x]
-    unknown = set(phases) - set(PHASES)
-    if unknown:
-        p.error(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from {', '.join(PHASES)}")
-    args.phases = [x for x in PHASES if x in phases]
+    try:
+        args.phases = phases_of(args.phases, turns_only=args.turns_only)
+    except ValueError as exc:
+        p.error(str(exc))
     asyncio.run(Bench(args).run())
 
 
