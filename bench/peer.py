@@ -523,10 +523,11 @@ class Bench:
             if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 types[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
                 name += f" {types[e.event_id]}"
-            for attrs in ("activity_task_started", "activity_task_completed"):
-                if e.HasField(f"{attrs}_event_attributes"):
-                    sched = getattr(e, f"{attrs}_event_attributes").scheduled_event_id
-                    name += f" {types.get(sched, '?')}"
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                name += f" {types.get(e.activity_task_started_event_attributes.scheduled_event_id)}"
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                sched = e.activity_task_completed_event_attributes.scheduled_event_id
+                name += f" {types.get(sched)}"
             if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
                 marker = e.marker_recorded_event_attributes
                 if marker.marker_name != "core_local_activity":
@@ -594,7 +595,7 @@ class Bench:
             s.execute(sa.insert(MessageRow), rows)
             s.execute(
                 sa.update(SessionRow)
-                .where(SessionRow.id == sid)  # type: ignore[arg-type]
+                .where(SessionRow.id == sid)
                 .values(message_count=SessionRow.message_count + len(rows))
             )
         assert position(1, 0, 0) > rows[-1]["position"]
