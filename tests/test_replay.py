@@ -57,11 +57,17 @@ def test_histories_are_checked_in() -> None:
     v8 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
     assert {f"{kind}-v8" for kind in v8} <= names
     assert {"xagent-review-allowed-v8", "step-invalid-v8", "step-timeout-v8"} <= names
+    # v9: runs born with every patch (no markers) and with their resolved agent (no
+    # load_agent), issue 14; tests/test_born_patched.py replays them at other levels too.
+    v9 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
+    assert {f"{kind}-v9" for kind in v9} <= names
+    assert {"xagent-review-allowed-v9", "team-fan-out-v9", "cancel-cascade-v9"} <= names
     # A list_agents call reviewed and allowed, reviewed and denied, and allowed by a policy:
-    # v8 with xagent_tool an ordinary activity, v9 with the list a local activity (inside
-    # settle_review after a review; the xagent-read-local-activity patch).
+    # v8 with xagent_tool an ordinary activity; perf14read (runs without a patch level) and
+    # v10 (born at level 1) with the xagent-read-local-activity marker and the list a local
+    # activity (inside settle_review after a review).
     for kind in ("list-reviewed", "list-denied", "list-allowed"):
-        assert {f"xagent-{kind}-v8", f"xagent-{kind}-v9"} <= names
+        assert {f"xagent-{kind}-{tag}" for tag in ("v8", "perf14read", "v10")} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

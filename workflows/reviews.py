@@ -92,7 +92,7 @@ class ReviewMixin(DelegationMixin):
         # (issue 14). After a review it runs inside `settle_review` (SettleInput.then):
         # one local activity, not two, after the decision. Durable all the same: results
         # are markers in history, and a retry finds the stored result.
-        short = is_short_read(args) and workflow.patched(PATCH_LOCAL_XAGENT_READ)
+        short = is_short_read(args) and self._patched(PATCH_LOCAL_XAGENT_READ)
         review_id = f"review-{workflow.uuid4()}"
         preview = args.prompt[:500] if isinstance(args, InvokeAgentArgs) else ""
         if call.name == "create_agent":
@@ -232,7 +232,7 @@ class ReviewMixin(DelegationMixin):
         # what follows, one server round trip fewer between decision and resumed turn
         # (issue 14). Durable all the same: its result is a marker in history.
         summary = f"review {outcome}"
-        if workflow.patched(PATCH_LOCAL_SETTLE):
+        if self._patched(PATCH_LOCAL_SETTLE):
             settled: SettleResult = await self._local(
                 XAgentActivities.settle_review, settle, summary=summary
             )
