@@ -825,6 +825,14 @@ class AuthorizeResult(BaseModel):
     outcome: ToolOutcome | None = None
 
 
+class XAgentCall(BaseModel):
+    """``xagent_tool`` activity input: list / create / read operations, after policy."""
+
+    tool: ToolMessage
+    user: str
+    auth: bool = False
+
+
 class SettleInput(BaseModel):
     """``settle_review`` activity input: the one outcome of a review."""
 
@@ -841,13 +849,21 @@ class SettleInput(BaseModel):
     auth: bool = Field(
         default=False, description="Auth mode: an unproven decision never saves a policy."
     )
+    then: XAgentCall | None = Field(
+        default=None,
+        description="A list or read to run as ``xagent_tool`` runs it once the review is "
+        "settled allowed, in the same activity: one local activity and thread hop between "
+        "the decision and the stored tool result, not two (issue 14).",
+    )
 
 
 class SettleResult(BaseModel):
-    """Whether the operation may proceed; the refusal's tool result when it may not."""
+    """Whether the operation may proceed; the refusal's tool result when it may not, and
+    the result of ``SettleInput.then`` when it ran."""
 
     allowed: bool
     outcome: ToolOutcome | None = None
+    ran: ToolOutcome | None = None
 
 
 class RefusalInput(BaseModel):
@@ -860,14 +876,6 @@ class RefusalInput(BaseModel):
     target: str | None = None
     audit: bool = True
     via: Via | None = None
-
-
-class XAgentCall(BaseModel):
-    """``xagent_tool`` activity input: list / create / read operations, after policy."""
-
-    tool: ToolMessage
-    user: str
-    auth: bool = False
 
 
 class DelegateInput(BaseModel):

@@ -69,6 +69,7 @@ PATCH_MCP_TOOLS = "mcp-server-tools"
 PATCH_LOCAL_LOAD = "load-agent-local-activity"
 PATCH_LOCAL_SETTLE = "settle-review-local-activity"
 PATCH_IDLE_COMPLETE = "idle-session-completes"
+PATCH_LOCAL_XAGENT_READ = "xagent-read-local-activity"
 
 #: The level (``SessionInput.patch_level``) at which a run is born with each patch: it
 #: runs the patched branch from its first command, without a marker (``_patched``). A
@@ -91,6 +92,10 @@ BORN_PATCHED: dict[str, int] = dict.fromkeys(
     ),
     1,
 )
+# Not born yet: PATCH_LOCAL_XAGENT_READ (issue 14's local list/read). A worker one release
+# older than the launcher must run a born run's patched branches (docs/deployment.md), and
+# the release before this one has no such branch; so it records its marker for one
+# release, and joins BORN_PATCHED at level 2 (with SESSION_PATCH_LEVEL = 2) in the next.
 
 #: Characters of the last message shown in the current details.
 DETAILS_PREVIEW = 80
