@@ -62,6 +62,49 @@ def test_a_message_id_is_stored_and_counted_once(engine: Engine) -> None:
     assert [t for t, _ in _events(engine, sid)] == ["message"]
 
 
+def test_two_attempts_storing_one_message_at_once_store_and_count_it_once(
+    engine: Engine,
+) -> None:
+    """Two concurrent attempts of one activity (the first still running after its
+    heartbeat timed out) add the same message id: the second waits for the first's
+    transaction, then stores and counts nothing and fails nothing. On PostgreSQL its
+    counter check ran before the first committed, so the unique key decides (it raised
+    IntegrityError before)."""
+    import threading
+
+    sid = _session(engine)
+    usage = Usage(requests=1, input_tokens=7, output_tokens=3)
+    second: list[object] = []
+    with session_scope(engine) as first:
+        assert sessions.add_message(
+            first,
+            message_id=f"{sid}:m1",
+            session_id=sid,
+            position=position(1, 1, 1),
+            role="assistant",
+            agent_slug="a",
+            text="hello",
+            usage=usage,
+        )
+
+        def attempt() -> None:
+            try:
+                second.append(_add(engine, sid, f"{sid}:m1", usage))
+            except Exception as exc:  # the outcome under test
+                second.append(exc)
+
+        racer = threading.Thread(target=attempt)
+        racer.start()
+        racer.join(timeout=1.0)
+        assert racer.is_alive()  # it waits on the first's lock, past its own check
+    racer.join(timeout=30)
+    assert second == [False]
+    with session_scope(engine) as s:
+        row = sessions.get_session(s, session_id=sid)
+        assert (row.message_count, row.input_tokens, row.output_tokens) == (1, 7, 3)
+    assert [t for t, _ in _events(engine, sid)] == ["message"]
+
+
 def test_a_message_of_a_missing_session_is_refused_and_not_written(engine: Engine) -> None:
     """add_message for a session that does not exist raises SessionNotFound, writes nothing."""
     with pytest.raises(SessionNotFound), session_scope(engine) as s:

@@ -24,6 +24,8 @@ from sqlalchemy import text as sa_text
 from sqlalchemy import tuple_ as sa_tuple
 from sqlalchemy import type_coerce as sa_type_coerce
 from sqlalchemy import update as sa_update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
 from baton.contracts import CLOSED_STATUSES, Provenance, ResumePoint, SessionStatus, Usage
@@ -255,7 +257,18 @@ _OPEN = sa_and(*(_SESSIONS.c.status != s for s in CLOSED_STATUSES))
 _INSERT_EVENT = sa_insert(_EVENTS)
 #: PostgreSQL's events, written at commit, announce themselves (``LISTEN baton_events``).
 _INSERT_EVENT_NOTIFY = sa_insert(_EVENTS).returning(notify.notify_returning(_EVENTS.c.session_id))
-_INSERT_MESSAGE = sa_insert(_MESSAGES)
+#: The message row unless its id exists: a concurrent attempt of the same activity (the
+#: first one still running after its heartbeat timed out) may store it between the
+#: bump's check and this insert on PostgreSQL, whose READ COMMITTED re-check of the bump
+#: does not see the other's message; the unique key decides, and ``RETURNING`` tells.
+_INSERT_MESSAGE_ONCE = {
+    "sqlite": sqlite_insert(_MESSAGES)
+    .on_conflict_do_nothing(index_elements=["id"])
+    .returning(_MESSAGES.c.id),
+    "postgresql": pg_insert(_MESSAGES)
+    .on_conflict_do_nothing(index_elements=["id"])
+    .returning(_MESSAGES.c.id),
+}
 _MESSAGE_EXISTS = sa_select(_MESSAGES.c.id).where(_MESSAGES.c.id == bindparam("message_id"))
 _MESSAGE_ROW = sa_select(_MESSAGES).where(_MESSAGES.c.id == bindparam("message_id"))
 _SESSION_EXISTS = sa_select(_SESSIONS.c.id).where(_SESSIONS.c.id == bindparam("session_id"))
@@ -296,6 +309,18 @@ def _bump(with_usage: bool) -> Any:
 
 
 _BUMP, _BUMP_USAGE = _bump(False), _bump(True)
+
+
+def _unbump(with_usage: bool) -> Any:
+    """The bump taken back, when the insert found the message stored meanwhile."""
+    counters: dict[str, Any] = {"message_count": _SESSIONS.c.message_count - 1}
+    if with_usage:
+        counters["input_tokens"] = _SESSIONS.c.input_tokens - bindparam("add_in")
+        counters["output_tokens"] = _SESSIONS.c.output_tokens - bindparam("add_out")
+    return sa_update(_SESSIONS).where(_SESSIONS.c.id == bindparam("session_id")).values(**counters)
+
+
+_UNBUMP, _UNBUMP_USAGE = _unbump(False), _unbump(True)
 
 
 def _history_statements(tool_calls: Any) -> tuple[Any, Any]:
@@ -549,8 +574,9 @@ def add_message(
 
     Also bumps the session's counters and appends a ``message`` event. Raises
     SessionNotFound. Written with two statements (the hot path of every turn): the
-    counter increment, which also checks that the id is new, then the message row; both
-    built once per process, run on the transaction's connection, no ORM object built.
+    counter increment, which also checks that the id is new, then the message row unless
+    a concurrent attempt stored it meanwhile (then the increment is taken back); built
+    once per process, run on the transaction's connection, no ORM object built.
     """
     # Core statements on the transaction's connection: the ORM's per-statement machinery
     # (identity lookups, bulk-persistence compile) cost more CPU than the SQL (issue 14).
@@ -568,8 +594,8 @@ def add_message(
     if usage is not None:
         counters += ["input_tokens", "output_tokens"]
     _expire_loaded(session, session_id, counters)
-    conn.execute(
-        _INSERT_MESSAGE,
+    stored = conn.execute(
+        _INSERT_MESSAGE_ONCE[conn.dialect.name],
         {
             "id": message_id,
             "session_id": session_id,
@@ -585,7 +611,10 @@ def add_message(
             "usage": usage.model_dump() if usage else None,
             "created_at": now,
         },
-    )
+    ).first()
+    if stored is None:  # the other attempt's row won: this one stores and counts nothing
+        conn.execute(_UNBUMP if usage is None else _UNBUMP_USAGE, bump)
+        return False
     event: dict[str, Any] = {"message_id": message_id, "role": role, "text": summarise(text)}
     if tool_name:
         event["tool_name"] = tool_name
