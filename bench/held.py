@@ -44,6 +44,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -275,6 +276,11 @@ class Bench:
 
     async def run(self) -> None:
         args = self.args
+        # SIGTERM (a background job ignores SIGINT) cancels the run, so the `finally`s
+        # below stop the worker, the API and the dev server instead of orphaning them.
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         tmp = Path(tempfile.mkdtemp(prefix="baton-held-bench-"))
         server = DevServer(port=free_port(), ui_port=free_port(), db_file=None)
         server.start()
