@@ -355,7 +355,16 @@ class SessionActivities:
                 type="agent_unavailable",
                 non_retryable=True,
             ) from exc
+        # A local activity (workflows/session.py): the first model_turn usually runs on
+        # this worker and finds the snapshot here instead of reading and parsing it again
+        # (a launch that records the snapshot itself skips load_agent: _prepare reads it).
+        self._remember(inp.session_id, resolved)
         return resolved
+
+    def _remember(self, session_id: str, agent: ResolvedAgent) -> None:
+        if len(self._agents) >= AGENT_CACHE_SIZE:
+            self._agents.pop(next(iter(self._agents)))
+        self._agents[session_id] = agent
 
     def _prepare(
         self, inp: ModelTurnInput
@@ -398,11 +407,9 @@ class SessionActivities:
             agent = self._agents.get(inp.session_id)
             if agent is None:
                 # A session's snapshot never changes once recorded: parse it once per worker.
-                row = session_store.get_session(s, session_id=inp.session_id)
-                agent = ResolvedAgent.model_validate(row.resolved_agent)
-                if len(self._agents) >= AGENT_CACHE_SIZE:
-                    self._agents.pop(next(iter(self._agents)))
-                self._agents[inp.session_id] = agent
+                snapshot = session_store.agent_snapshot(s, session_id=inp.session_id)
+                agent = ResolvedAgent.model_validate(snapshot)
+                self._remember(inp.session_id, agent)
             offer = inp.delegation
             entries = (
                 roster.roster(s, exclude=agent.slug) if offer is not None and offer.adhoc else []

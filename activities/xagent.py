@@ -187,11 +187,16 @@ class XAgentActivities:
         is recorded as the policy's doing. Who the decision is recorded as and
         whether it may save a policy is :func:`baton.permissions.reviews.credit` (an
         unproven decision: ``temporal (unverified)``, no policy in auth mode).
+
+        ``inp.then`` (a list or a read) runs once the review is settled allowed, exactly as
+        ``xagent_tool`` runs it (same transaction, idempotent on the tool's message id), in
+        the same thread: its result is ``SettleResult.ran``. A retry settles nothing twice
+        and finds the tool result stored.
         """
         telemetry.annotate(
             review=inp.review_id, session=inp.tool.session_id, agent=inp.tool.agent_slug
         )
-        result, covered = await asyncio.to_thread(self._settle, inp)
+        result, covered = await asyncio.to_thread(self._settle_then_run, inp)
         for review_id, session_id in covered:
             decision = reviews.prove(
                 self._review_key,
@@ -208,6 +213,12 @@ class XAgentActivities:
             except RPCError as exc:  # that session ended meanwhile: nothing left to resolve
                 activity.logger.info("review %s not resolved: %s", review_id, exc.message)
         return result
+
+    def _settle_then_run(self, inp: SettleInput) -> tuple[SettleResult, list[tuple[str, str]]]:
+        result, covered = self._settle(inp)
+        if result.allowed and inp.then is not None:
+            result = result.model_copy(update={"ran": self._xagent_tool(inp.then)})
+        return result, covered
 
     def _settle(self, inp: SettleInput) -> tuple[SettleResult, list[tuple[str, str]]]:
         tool = inp.tool

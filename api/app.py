@@ -153,7 +153,7 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
 
     # Issue 12 item 6: outermost, so every answer (a 413 above included) is counted.
     request_metrics = telemetry.RequestMetrics()
-    app.middleware("http")(request_metrics.observe)
+    app.add_middleware(telemetry.MeteredApp, metrics=request_metrics)
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics", include_in_schema=False)
     def metrics() -> Response:

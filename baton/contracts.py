@@ -349,6 +349,11 @@ MAX_LATE_DECISIONS = 50
 MAX_SETTLED_REVIEWS = 200
 
 
+#: The ``patch_level`` every new session run gets from its launcher and from its own
+#: continue-as-new or idle completion (workflows/session_base.py ``BORN_PATCHED``).
+SESSION_PATCH_LEVEL = 1
+
+
 class SessionInput(BaseModel):
     """SessionWorkflow input. ``agent``, ``turn`` and the review memory are carried across
     continue-as-new, and into the session row (``resume_input``) when a run completes idle:
@@ -376,6 +381,13 @@ class SessionInput(BaseModel):
         max_length=MAX_SETTLED_REVIEWS,
         description="Carried across continue-as-new: ids of the newest reviews this session "
         "settled, oldest first (a later decision for one is too_late, not unknown_review).",
+    )
+    patch_level: int = Field(
+        default=0,
+        description="The session workflow's patches this run was born with (issue 14): a "
+        "run started at level 1 runs every patch of that level from its first command and "
+        "records no patch marker for them. 0 (inputs from before the field): each patch is "
+        "a `workflow.patched` marker, as before.",
     )
 
 
@@ -813,6 +825,14 @@ class AuthorizeResult(BaseModel):
     outcome: ToolOutcome | None = None
 
 
+class XAgentCall(BaseModel):
+    """``xagent_tool`` activity input: list / create / read operations, after policy."""
+
+    tool: ToolMessage
+    user: str
+    auth: bool = False
+
+
 class SettleInput(BaseModel):
     """``settle_review`` activity input: the one outcome of a review."""
 
@@ -829,13 +849,21 @@ class SettleInput(BaseModel):
     auth: bool = Field(
         default=False, description="Auth mode: an unproven decision never saves a policy."
     )
+    then: XAgentCall | None = Field(
+        default=None,
+        description="A list or read to run as ``xagent_tool`` runs it once the review is "
+        "settled allowed, in the same activity: one local activity and thread hop between "
+        "the decision and the stored tool result, not two (issue 14).",
+    )
 
 
 class SettleResult(BaseModel):
-    """Whether the operation may proceed; the refusal's tool result when it may not."""
+    """Whether the operation may proceed; the refusal's tool result when it may not, and
+    the result of ``SettleInput.then`` when it ran."""
 
     allowed: bool
     outcome: ToolOutcome | None = None
+    ran: ToolOutcome | None = None
 
 
 class RefusalInput(BaseModel):
@@ -848,14 +876,6 @@ class RefusalInput(BaseModel):
     target: str | None = None
     audit: bool = True
     via: Via | None = None
-
-
-class XAgentCall(BaseModel):
-    """``xagent_tool`` activity input: list / create / read operations, after policy."""
-
-    tool: ToolMessage
-    user: str
-    auth: bool = False
 
 
 class DelegateInput(BaseModel):

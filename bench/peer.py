@@ -25,6 +25,7 @@ Run from the repo root (not part of ``make test``)::
     .venv/bin/python bench/peer.py                 # the defaults (~2-3 min)
     .venv/bin/python bench/peer.py --rounds 2 --seq 20 --followers 100
     .venv/bin/python bench/peer.py --py-spy /tmp/baton.svg   # flame graph of the Baton phase
+    .venv/bin/python bench/peer.py --phases review --systems bare,baton  # the review path alone
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -65,6 +67,8 @@ SSE_FOLLOWERS = 400
 #: Idle followers may cost the SQLite poller's reads (5/s) and little more, whatever their
 #: number; before issue 14 each follower read the log every 200 ms (two queries).
 MAX_IDLE_SQL_PER_S = 10
+#: The phases, in the order they run (``--phases``); ``--turns-only`` is ``--phases turns``.
+PHASES = ("turns", "review", "transcript", "sse")
 
 
 def pct(xs: Sequence[float], p: float) -> float:
@@ -82,6 +86,46 @@ def ms(xs: Sequence[float]) -> str:
 
 def verdict(ok: bool) -> str:
     return "MET" if ok else "NOT MET"
+
+
+def turn_targets(
+    seq: dict[str, list[float]], tps: dict[str, list[float]], concurrency: int
+) -> list[str]:
+    """The one-turn and throughput target lines from each system's sequential turn
+    latencies and turns/s (``bare`` required). The peer's ratios print ``n/a`` when it was
+    not run (``--systems bare,baton``): only the ratio to bare is judged then. No lines
+    without ``baton``."""
+    if "baton" not in seq:
+        return []
+    bare50, bare_tps = statistics.median(seq["bare"]), statistics.median(tps["bare"])
+    b = statistics.median(seq["baton"]) / bare50
+    bt = statistics.median(tps["baton"]) / bare_tps
+    if "peer" in seq:
+        p = statistics.median(seq["peer"]) / bare50
+        pt = statistics.median(tps["peer"]) / bare_tps
+        peer_seq, peer_tps = f"peer {p:5.2f}x", f"peer {pt:5.2f}x"
+        turn_ok, tps_ok = b <= TURN_RATIO and b < p, bt >= THROUGHPUT_RATIO and bt > pt
+    else:
+        peer_seq = peer_tps = "peer   n/a"
+        turn_ok, tps_ok = b <= TURN_RATIO, bt >= THROUGHPUT_RATIO
+    return [
+        f"  one turn (HTTP, sync)       baton {b:5.2f}x bare   {peer_seq}   "
+        f"target <= {TURN_RATIO}x and < peer: {verdict(turn_ok)}",
+        f"  {concurrency} concurrent throughput    baton {bt:5.2f}x bare   "
+        f"{peer_tps}   target >= {THROUGHPUT_RATIO}x and > peer: {verdict(tps_ok)}",
+    ]
+
+
+def phases_of(phases: str, *, turns_only: bool) -> list[str]:
+    """The phases to run, in :data:`PHASES` order, from ``--phases`` (comma-separated) and
+    ``--turns-only`` (an alias of ``--phases turns``). Raises ValueError on an unknown one."""
+    chosen = ["turns"] if turns_only else [x for x in phases.split(",") if x]
+    unknown = set(chosen) - set(PHASES)
+    if unknown:
+        raise ValueError(
+            f"unknown phase(s) {', '.join(sorted(unknown))}: choose from {', '.join(PHASES)}"
+        )
+    return [x for x in PHASES if x in chosen]
 
 
 def serve_thread(app: Any) -> tuple[Any, str]:
@@ -118,7 +162,7 @@ def py_spy(path: str | None) -> Iterator[None]:
             "--pid",
             str(os.getpid()),
             "--rate",
-            "100",
+            os.environ.get("BENCH_PY_SPY_RATE", "100"),
             "--nonblocking",
             "-o",
             path,
@@ -158,6 +202,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.lines: list[str] = []
+        self.targets: list[str] = []
         self.t0 = time.perf_counter()
 
     def say(self, what: str) -> None:
@@ -314,12 +359,15 @@ class Bench:
             ):
                 self.http = http
                 await self.publish(self.agent, {"system_prompt": "Answer briefly.", "model": MODEL})
-                await self.turns()
-                if not args.turns_only:
+                if "turns" in args.phases:
+                    await self.turns()
+                if "review" in args.phases:
                     await self.phase("review", self.review)
+                if "transcript" in args.phases:
                     await self.phase("transcript", self.transcript)
+                if "sse" in args.phases:
                     await self.phase("SSE followers", self.followers)
-                    self.report_targets()
+                self.report_targets()
         finally:
             services.stop()
             server.stop()
@@ -358,7 +406,6 @@ class Bench:
         if "bare" not in systems:  # a profiling run: the raw figures only
             for name in systems:
                 self.out(f"  {name:<6} {ms(seq[name])}   {statistics.median(tps[name]):.1f}/s")
-            self.targets = []
             return
         bare50 = statistics.median(seq["bare"])
         bare_tps = statistics.median(tps["bare"])
@@ -382,29 +429,20 @@ class Bench:
         for name, turn in systems.items():
             counts = await self.history_counts(await turn())
             self.out(f"  {name:<6} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        b = statistics.median(seq["baton"]) / bare50
-        p = statistics.median(seq["peer"]) / bare50
-        bt = statistics.median(tps["baton"]) / bare_tps
-        pt = statistics.median(tps["peer"]) / bare_tps
-        self.targets = [
-            f"  one turn (HTTP, sync)       baton {b:5.2f}x bare   peer {p:5.2f}x   "
-            f"target <= {TURN_RATIO}x and < peer: {verdict(b <= TURN_RATIO and b < p)}",
-            f"  {args.concurrency} concurrent throughput    baton {bt:5.2f}x bare   "
-            f"peer {pt:5.2f}x   "
-            f"target >= {THROUGHPUT_RATIO}x and > peer: "
-            + verdict(bt >= THROUGHPUT_RATIO and bt > pt),
-        ]
-        if self.args.turns_only:
-            self.report_targets()
+        self.targets += turn_targets(seq, tps, args.concurrency)
 
     def report_targets(self) -> None:
+        if not self.targets:
+            return
         self.out()
         self.out("== targets (issue 14) ==")
         for line in self.targets:
             self.out(line)
 
     async def review(self) -> None:
-        """Decision through the API -> the turn resumed (tool result recorded), p50."""
+        """Decision through the API -> the turn resumed (tool result recorded), p50; a bare
+        turn after each decision (the floor in the same conditions); where the time goes,
+        from the history of every reviewed run."""
         from datetime import datetime
 
         slug = f"bench-lister-{uuid.uuid4().hex[:6]}"
@@ -418,25 +456,92 @@ class Bench:
             },
         ]
         await self.publish(slug, {"playbook": playbook, "model": "scripted"})
-        resumed, answered = [], []
-        for _ in range(self.args.reviews):
-            r = await self.http.post("/v1/sessions", json={"agent": slug, "prompt": "go"})
-            sid = r.json()["session_id"]
-            rid = await self._pending_review(sid)
-            t0 = time.time()
-            d = await self.http.post(f"/v1/reviews/{rid}/decision", json={"decision": "allow_once"})
-            answered.append(time.time() - t0)
-            assert d.status_code == 200, d.text
-            at = await self._tool_result_at(sid)
-            resumed.append(datetime.fromisoformat(at).timestamp() - t0)
+        with_bare = "bare" in self.args.systems.split(",")
+        for _ in range(self.args.warmup if "turns" not in self.args.phases else 0):
+            await self.bare_turn()  # the bare worker's sandbox and connections, as `turns` does
+        resumed, answered, bare = [], [], []
+        paths: list[dict[str, float]] = []
+        with py_spy(self.args.py_spy if self.args.phases[0] == "review" else None):
+            for _ in range(self.args.reviews):
+                r = await self.http.post("/v1/sessions", json={"agent": slug, "prompt": "go"})
+                sid = r.json()["session_id"]
+                rid = await self._pending_review(sid)
+                t0 = time.time()
+                d = await self.http.post(
+                    f"/v1/reviews/{rid}/decision", json={"decision": "allow_once"}
+                )
+                answered.append(time.time() - t0)
+                assert d.status_code == 200, d.text
+                at = datetime.fromisoformat(await self._tool_result_at(sid)).timestamp()
+                resumed.append(at - t0)
+                paths.append(await self.review_path(sid, t0, at))
+                if with_bare:
+                    t = time.perf_counter()
+                    await self.bare_turn()
+                    bare.append(time.perf_counter() - t)
         self.out("== review decision (POST /v1/reviews/{id}/decision allow_once) ==")
         self.out(f"  decision answered (HTTP 200)     {ms(answered)}")
         self.out(f"  turn resumed (tool result stored) {ms(resumed)}")
-        p50 = statistics.median(resumed) * 1000
-        self.targets.append(
-            f"  review -> resumed p50        baton {p50:6.1f} ms   peer n/a (a deferred tool "
-            f"ends its run)   target <= {REVIEW_P50_MS:.0f} ms: {verdict(p50 <= REVIEW_P50_MS)}"
+        if bare:
+            self.out(f"  bare turn, one after each review {ms(bare)}")
+        self.out("  where it goes (p50 ms after the POST was sent; from each run's history):")
+        order = {k: i for p in reversed(paths) for i, k in enumerate(p)}  # first run's order
+        names = sorted(
+            order, key=lambda k: (statistics.median(p[k] for p in paths if k in p), order[k])
         )
+        for name in names:
+            xs = [p[name] for p in paths if name in p]
+            self.out(f"    {statistics.median(xs) * 1000:7.1f}  {name} ({len(xs)}/{len(paths)})")
+        p50 = statistics.median(resumed) * 1000
+        floor = f"   bare turn p50 {statistics.median(bare) * 1000:5.1f} ms" if bare else ""
+        self.targets.append(
+            f"  review -> resumed p50        baton {p50:6.1f} ms{floor}   peer n/a (a deferred "
+            f"tool ends its run)   target <= {REVIEW_P50_MS:.0f} ms: "
+            + verdict(p50 <= REVIEW_P50_MS)
+        )
+
+    async def review_path(self, sid: str, t0: float, tool_at: float) -> dict[str, float]:
+        """Seconds from ``t0`` (the decision POST sent) to each step of the run's resumption:
+        the Signal, then every history event until a workflow task is scheduled after the
+        tool result was stored (named by type and activity type; a local activity's marker
+        carries its workflow task's completion time; patch markers left out), and the tool
+        row's ``created_at``. The server's clock is this
+        machine's."""
+        from temporalio.api.enums.v1 import EventType
+
+        out: dict[str, float] = {}
+        signaled = False
+        types: dict[int, str] = {}
+        seen: Counter[str] = Counter()
+        async for e in self.client.get_workflow_handle(sid).fetch_history_events():
+            name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_").lower()
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                signaled = True
+            if not signaled:
+                continue
+            at = e.event_time.ToDatetime().timestamp()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                types[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+                name += f" {types[e.event_id]}"
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                name += f" {types.get(e.activity_task_started_event_attributes.scheduled_event_id)}"
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                sched = e.activity_task_completed_event_attributes.scheduled_event_id
+                name += f" {types.get(sched)}"
+            if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+                marker = e.marker_recorded_event_attributes
+                if marker.marker_name != "core_local_activity":
+                    continue  # a patch marker
+                # Written with the workflow task's completion: its time is that task's.
+                data = json.loads(marker.details["data"].payloads[0].data)
+                name = f"marker: local activity {data['activity_type']}"
+            seen[name] += 1
+            label = name if seen[name] == 1 else f"{name} #{seen[name]}"
+            out[label] = at - t0
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED and at > tool_at:
+                break  # the markers and commands of the task that stored the result are in
+        out["tool result row written"] = tool_at - t0
+        return out
 
     async def _pending_review(self, sid: str) -> str:
         for _ in range(2000):
@@ -448,12 +553,14 @@ class Bench:
         raise RuntimeError("no review")
 
     async def _tool_result_at(self, sid: str) -> str:
-        for _ in range(2000):
+        for _ in range(400):
             r = await self.http.get(f"/v1/sessions/{sid}/transcript")
             for m in r.json()["messages"]:
                 if m["role"] == "tool":
                     return str(m["at"])
-            await asyncio.sleep(0.01)
+            # The row's own created_at is the figure: polling sooner adds no precision, only
+            # API work competing with the worker while it resumes the turn.
+            await asyncio.sleep(0.05)
         raise RuntimeError("no tool result")
 
     async def transcript(self) -> None:
@@ -488,7 +595,7 @@ class Bench:
             s.execute(sa.insert(MessageRow), rows)
             s.execute(
                 sa.update(SessionRow)
-                .where(SessionRow.id == sid)  # type: ignore[arg-type]
+                .where(SessionRow.id == sid)
                 .values(message_count=SessionRow.message_count + len(rows))
             )
         assert position(1, 0, 0) > rows[-1]["position"]
@@ -640,10 +747,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument(
         "--systems", default="bare,peer,baton", help="which of bare,peer,baton (profiling)"
     )
-    p.add_argument("--turns-only", action="store_true", help="only the turn comparisons")
+    p.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"which of {','.join(PHASES)} to run (in that order)",
+    )
+    p.add_argument("--turns-only", action="store_true", help="alias of --phases turns")
     p.add_argument("--database-url", help="Baton's DB (default: a temp SQLite file)")
     p.add_argument("--py-spy", help="write a py-spy flame graph of the turn phases here")
-    asyncio.run(Bench(p.parse_args(argv)).run())
+    args = p.parse_args(argv)
+    try:
+        args.phases = phases_of(args.phases, turns_only=args.turns_only)
+    except ValueError as exc:
+        p.error(str(exc))
+    asyncio.run(Bench(args).run())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Run from the repo root when a workflow change is *meant* to change commands
 (and gate it with ``workflow.patched``):
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
-legacy-tool-name, legacy-delegation-names, xagent, delegation, step, step-ends, idle;
+legacy-tool-name, legacy-delegation-names, xagent, xagent-reads, delegation, step, step-ends, idle;
 default all).
 Existing files are kept, so histories from older code stay in the suite.
 """
@@ -180,6 +180,46 @@ async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> No
     await save(client, guard.session_id, "xagent-self-invocation")
 
 
+async def xagent_read_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """list_agents reviewed and allowed by Signal, reviewed and denied, and allowed by a
+    stored policy (no review): the calls issue 14 runs as local activities."""
+    from sqlmodel import select
+
+    from baton.contracts import ReviewDecision
+    from baton.storage.db import ReviewRow
+    from tests.helpers import wait_for
+    from tests.xagent_helpers import caller_playbook, set_policy
+
+    publish(engine, "target", playbook=[{"reply": "target says hi"}])
+    publish(engine, "lister", playbook=caller_playbook("list_agents", {}))
+
+    def pending(session_id: str) -> list[ReviewRow]:
+        with session_scope(engine) as s:
+            return list(
+                s.exec(
+                    select(ReviewRow).where(
+                        ReviewRow.status == "pending", ReviewRow.session_id == session_id
+                    )
+                ).all()
+            )
+
+    async def reviewed(decision: str, name: str) -> None:
+        run = await launch(client, engine, worker, "lister", "go", sync=False)
+        await wait_for(lambda: bool(pending(run.session_id)))
+        review = pending(run.session_id)[0]
+        await client.get_workflow_handle(run.session_id).signal(
+            "review_decision", ReviewDecision(review_id=review.id, decision=decision)
+        )
+        await wait_for(lambda: _status(engine, run.session_id) == "idle")
+        await save(client, run.session_id, name)
+
+    await reviewed("allow_once", "xagent-list-reviewed")
+    await reviewed("deny", "xagent-list-denied")
+    set_policy(engine, "list", "allow", caller="lister")
+    allowed = await launch(client, engine, worker, "lister", "go")
+    await save(client, allowed.session_id, "xagent-list-allowed")
+
+
 async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
     """A team run fanning out, a team route, and a cancel cascading into a delegation."""
     from tests.test_teams import make_team, team_run
@@ -320,6 +360,7 @@ SCENARIOS = {
     "legacy-tool-name": legacy_tool_name,
     "legacy-delegation-names": legacy_delegation_names,
     "xagent": xagent_scenarios,
+    "xagent-reads": xagent_read_scenarios,
     "delegation": delegation_scenarios,
     "step": step_scenarios,
     "step-ends": step_end_scenarios,

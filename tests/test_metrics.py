@@ -133,3 +133,49 @@ def test_a_taken_metrics_port_stops_the_worker_clearly() -> None:
         port = holder.getsockname()[1]
         with pytest.raises(InvalidSettings, match=f"BATON_METRICS_BIND=127.0.0.1:{port}"):
             telemetry.worker_runtime(f"127.0.0.1:{port}")
+
+
+def test_the_metrics_middleware_counts_answers_by_route_and_a_crash_as_500() -> None:
+    """MeteredApp (pure ASGI) records an answer when its response starts, under the
+    matched route's template, a route that raises before answering as a 500, and a
+    streamed answer once (at its headers)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    from baton import telemetry
+    from tests.conftest import serve
+
+    def ok(request: Request) -> JSONResponse:
+        return JSONResponse({"id": request.path_params["item"]})
+
+    def boom(_request: Request) -> JSONResponse:
+        raise RuntimeError("before any answer")
+
+    def stream(_request: Request) -> StreamingResponse:
+        return StreamingResponse(iter([b"a", b"b", b"c"]), media_type="text/plain")
+
+    metrics = telemetry.RequestMetrics()
+    app = Starlette(
+        routes=[Route("/items/{item}", ok), Route("/boom", boom), Route("/stream", stream)]
+    )
+    app.add_middleware(telemetry.MeteredApp, metrics=metrics)
+    server, thread, url = serve(app)
+    try:
+        with httpx.Client(base_url=url) as http:
+            assert http.get("/items/1").status_code == 200
+            assert http.get("/items/2").status_code == 200
+            assert http.get("/boom").status_code == 500
+            assert http.get("/stream").text == "abc"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    counted = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for family in text_string_to_metric_families(metrics.render()[0].decode())
+        if family.name == "baton_http_requests"
+        for s in family.samples
+        if s.name == "baton_http_requests_total"
+    }
+    assert counted == {("/items/{item}", "200"): 2, ("/boom", "500"): 1, ("/stream", "200"): 1}

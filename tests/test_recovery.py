@@ -62,8 +62,8 @@ async def test_activities_are_scheduled_with_the_sessions_timeouts(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
     """A tool call (run_tool) is scheduled with a heartbeat timeout, model calls with the
-    attempt budget, all from the session's config; load_agent runs as a local activity (a
-    marker, no scheduled task: issue 14)."""
+    attempt budget, all from the session's config; no load_agent runs at all, neither
+    scheduled nor local (the launch's agent snapshot is in the input: issue 14)."""
     publish(
         db_engine,
         "calc",
@@ -94,7 +94,7 @@ async def test_activities_are_scheduled_with_the_sessions_timeouts(
     tool = scheduled["run_tool"]
     assert tool.heartbeat_timeout.ToTimedelta() == timedelta(seconds=4)
     assert tool.start_to_close_timeout.ToTimedelta() == timedelta(seconds=9)
-    assert "load_agent" not in scheduled and "core_local_activity" in markers
+    assert "load_agent" not in scheduled and "core_local_activity" not in markers
     model = scheduled["model_turn"]
     assert model.heartbeat_timeout.ToTimedelta() == timedelta(seconds=4)
     assert model.retry_policy.maximum_attempts == 13

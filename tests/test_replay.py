@@ -18,7 +18,8 @@ HISTORIES = sorted(HERE.glob("*.json"))
 
 def test_histories_are_checked_in() -> None:
     """The replay suite has histories to replay (tool loop, continue-as-new, cancel, failure,
-    X-Agent reviews and guards, and the local-activity runs of issue 14)."""
+    X-Agent reviews and guards, and the local-activity runs of issue 14, list and read
+    calls included)."""
     names = {p.name.rsplit("-run", 1)[0] for p in HISTORIES}
     # v1: before the coarse-status patch; v2: after it; v3: after the cancel-turn patch;
     # v4: after the x-agent-tools patch.
@@ -56,6 +57,17 @@ def test_histories_are_checked_in() -> None:
     v8 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
     assert {f"{kind}-v8" for kind in v8} <= names
     assert {"xagent-review-allowed-v8", "step-invalid-v8", "step-timeout-v8"} <= names
+    # v9: runs born with every patch (no markers) and with their resolved agent (no
+    # load_agent), issue 14; tests/test_born_patched.py replays them at other levels too.
+    v9 = ("tool-loop", "continue-as-new", "cancelled", "failed-turn", "idle-restart")
+    assert {f"{kind}-v9" for kind in v9} <= names
+    assert {"xagent-review-allowed-v9", "team-fan-out-v9", "cancel-cascade-v9"} <= names
+    # A list_agents call reviewed and allowed, reviewed and denied, and allowed by a policy:
+    # v8 with xagent_tool an ordinary activity; perf14read (runs without a patch level) and
+    # v10 (born at level 1) with the xagent-read-local-activity marker and the list a local
+    # activity (inside settle_review after a review).
+    for kind in ("list-reviewed", "list-denied", "list-allowed"):
+        assert {f"xagent-{kind}-{tag}" for tag in ("v8", "perf14read", "v10")} <= names
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -5,19 +5,22 @@ though the policy changed meanwhile, so no review is left pending with nobody wa
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts import Provenance, ReviewDecision, SessionConfig
+from baton.runs import session_store
 from baton.runs.launch import launch_session
-from baton.storage.db import AuditRow, ReviewRow, SessionRow, session_scope
+from baton.storage.db import AuditRow, MessageRow, ReviewRow, SessionRow, session_scope
 from tests.helpers import publish, status, wait_for
 from tests.test_fault import ROOT, start_worker, worker_env
 from tests.xagent_helpers import caller_playbook, set_policy
@@ -98,3 +101,83 @@ async def test_a_retried_authorize_keeps_the_review_it_opened(
                 except subprocess.TimeoutExpired:  # a loaded machine drains slowly: end it
                     proc.kill()
                     proc.wait(timeout=15)
+
+
+@pytest.mark.slow
+async def test_a_worker_killed_after_a_reviewed_list_ran_records_it_once(
+    temporal_env: WorkflowEnvironment, engine: Engine, tmp_path: Path
+) -> None:
+    """SIGKILL right after the local settle_review settled an allowed list_agents and ran
+    it (issue 14), before its workflow task completed: the next worker re-runs the local
+    activity on replay and the session ends with one audit row, one tool result and the
+    list in the reply; no xagent_tool activity is scheduled. On SQLite and PostgreSQL."""
+    db_url = engine.url.render_as_string(hide_password=False)
+    publish(engine, "target", playbook=[{"reply": "hi"}])
+    publish(engine, "caller", playbook=caller_playbook("list_agents", {}))
+    queue = f"tq-{uuid.uuid4()}"
+    env = worker_env(db_url, temporal_env, queue)
+    marker = tmp_path / "killed"
+    crashing = subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_worker", "settle_review", str(marker)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        launched = await launch_session(
+            temporal_env.client,
+            engine,
+            task_queue=queue,
+            config=SessionConfig(review_timeout_s=120),
+            ref="caller",
+            prompt="go",
+            provenance=Provenance(),
+            sync=False,
+        )
+        sid = launched.session_id
+        await wait_for(lambda: bool(_pending(engine)), timeout=60)
+        (review,) = _pending(engine)
+        await temporal_env.client.get_workflow_handle(sid).signal(
+            "review_decision", ReviewDecision(review_id=review.id, decision="allow_once")
+        )
+        await asyncio.to_thread(crashing.wait, 60)
+        assert marker.exists() and crashing.returncode == -9
+        second = start_worker(env)
+        await wait_for(lambda: status(engine, sid) == "idle", timeout=90)
+        with session_scope(engine) as s:
+            audits = s.exec(select(AuditRow)).all()
+            assert [(a.review_id, a.outcome, a.operation) for a in audits] == [
+                (review.id, "allow", "list")
+            ]
+        (tool,) = [m for m in transcript_rows(engine, sid) if m.role == "tool"]
+        assert [a["slug"] for a in json.loads(tool.text)["agents"]] == ["target"]
+        assert transcript_rows(engine, sid)[-1].text.startswith("RESULT ")
+        history = await temporal_env.client.get_workflow_handle(sid).fetch_history()
+        scheduled = [
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        ]
+        assert "xagent_tool" not in scheduled
+    finally:
+        for proc in (crashing, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:  # a loaded machine drains slowly: end it
+                    proc.kill()
+                    proc.wait(timeout=15)
+
+
+def _pending(engine: Engine) -> list[ReviewRow]:
+    with session_scope(engine) as s:
+        return list(s.exec(select(ReviewRow).where(ReviewRow.status == "pending")).all())
+
+
+def transcript_rows(engine: Engine, session_id: str) -> list[MessageRow]:
+    """The stored messages of ``session_id``, in order."""
+    with session_scope(engine) as s:
+        return list(session_store.messages(s, session_id=session_id))

@@ -114,7 +114,7 @@ class DelegationMixin(SessionBase):
             if call.name == "delegate_to":
                 offer = self._offer(agent)
                 member = self._inp.provenance.team_member
-                if not member and workflow.patched(PATCH_ONE_DECISION):
+                if not member and self._patched(PATCH_ONE_DECISION):
                     # Gamut X-Agent's guards on every path (baton.permissions.gate.decide runs them
                     # again in the `delegate` activity): audited, with the path it came by.
                     guard = cross_agent_guard(

@@ -58,12 +58,12 @@ class DispatchMixin(ReviewMixin):
         """Route a tool call: X-Agent tools and delegations are the workflow's own; a tool
         the agent blocks, or any other, is an ordinary tool (which refuses unknown ones)."""
         if call.name not in agent.blocked_tools:
-            if call.name in XAGENT_TOOLS and workflow.patched(PATCH_XAGENT):
+            if call.name in XAGENT_TOOLS and self._patched(PATCH_XAGENT):
                 return self._xagent(agent, turn, step, index, call)
-            if call.name in DELEGATION_TOOLS and workflow.patched(PATCH_DELEGATION):
+            if call.name in DELEGATION_TOOLS and self._patched(PATCH_DELEGATION):
                 return self._delegation(agent, turn, step, index, call)
             # Issue 13: `<server>.<tool>` of the snapshot (only such names reach patched()).
-            if "." in call.name and workflow.patched(PATCH_MCP_TOOLS):
+            if "." in call.name and self._patched(PATCH_MCP_TOOLS):
                 snap = next(
                     (t for t in agent.mcp_tools if t.name and t.qualified == call.name), None
                 )

@@ -18,7 +18,10 @@ with workflow.unsafe.imports_passed_through():
         OPERATION_OF,
         XAGENT_ARGS,
         AuthorizeInput,
+        GetAgentSessionsArgs,
+        GetTranscriptArgs,
         InvokeAgentArgs,
+        ListAgentsArgs,
         ResolvedAgent,
         ReviewDecision,
         ReviewOutcome,
@@ -41,9 +44,19 @@ with workflow.unsafe.imports_passed_through():
 from workflows.delegation import DelegationMixin
 from workflows.session_base import (
     PATCH_LOCAL_SETTLE,
+    PATCH_LOCAL_XAGENT_READ,
     arg_problems,
     error_cause,
 )
+
+
+def is_short_read(args: object) -> bool:
+    """Whether an X-Agent call (its validated arguments) is short DB work with no wait:
+    list_agents, get_agent_sessions and a transcript read without ``sync`` (which may wait
+    up to 45 s for a running turn, heartbeating). Those run as a local activity."""
+    if isinstance(args, GetTranscriptArgs):
+        return not args.sync
+    return isinstance(args, ListAgentsArgs | GetAgentSessionsArgs)
 
 
 class ReviewMixin(DelegationMixin):
@@ -72,6 +85,14 @@ class ReviewMixin(DelegationMixin):
             )
             if guard is not None:
                 return await self._refuse(tool, guard.code, guard.message, target=target)
+        xcall = XAgentCall(tool=tool, user=self._turn_user, auth=self._inp.config.auth)
+        # A list or a read is a few queries, no network and no wait: it runs as a local
+        # activity in the workflow task that allowed it, so its result is stored before
+        # that task completes: one server round trip and one activity dispatch sooner
+        # (issue 14). After a review it runs inside `settle_review` (SettleInput.then):
+        # one local activity, not two, after the decision. Durable all the same: results
+        # are markers in history, and a retry finds the stored result.
+        short = is_short_read(args) and self._patched(PATCH_LOCAL_XAGENT_READ)
         review_id = f"review-{workflow.uuid4()}"
         preview = args.prompt[:500] if isinstance(args, InvokeAgentArgs) else ""
         if call.name == "create_agent":
@@ -108,7 +129,9 @@ class ReviewMixin(DelegationMixin):
             return verdict.outcome
         if verdict.decision == "review":
             try:
-                settled = await self._review(tool, review_id, operation, target, preview)
+                settled = await self._review(
+                    tool, review_id, operation, target, preview, then=xcall if short else None
+                )
             except ActivityError as err:
                 if self._closed:
                     raise
@@ -126,17 +149,19 @@ class ReviewMixin(DelegationMixin):
                     session_id=args.session_id,
                     sync=args.sync,
                 )
+            summary = f"{call.name} · turn {turn}"
+            if short:
+                outcome: ToolOutcome = await self._local(
+                    XAgentActivities.xagent_tool, xcall, summary=summary
+                )
+                return outcome
             return await workflow.execute_activity_method(
                 XAgentActivities.xagent_tool,
-                XAgentCall(
-                    tool=tool,
-                    user=self._turn_user,
-                    auth=self._inp.config.auth,
-                ),
+                xcall,
                 start_to_close_timeout=tool_timeout(self._inp.config),
                 heartbeat_timeout=heartbeat_timeout(self._inp.config),
                 retry_policy=STORE_RETRY,
-                summary=f"{call.name} · turn {turn}",
+                summary=summary,
             )
         except ActivityError as err:
             if self._closed:
@@ -146,11 +171,19 @@ class ReviewMixin(DelegationMixin):
             return await self._refuse(tool, "delegation_failed", error_cause(err), audit=False)
 
     async def _review(
-        self, tool: ToolMessage, review_id: str, operation: str, target: str | None, preview: str
+        self,
+        tool: ToolMessage,
+        review_id: str,
+        operation: str,
+        target: str | None,
+        preview: str,
+        *,
+        then: XAgentCall | None = None,
     ) -> ToolOutcome | None:
         """Wait for Signal ``review_decision`` up to the review timeout; settle exactly once.
 
-        Returns None when the operation may proceed, else the refusal's tool result.
+        Returns None when the operation may proceed, else its tool result: the refusal's,
+        or that of ``then``, which ``settle_review`` ran once the review was allowed.
         """
         self._open_reviews[review_id] = {
             "operation": operation,
@@ -193,12 +226,13 @@ class ReviewMixin(DelegationMixin):
             decision=decision,
             timeout_s=timeout,
             auth=self._inp.config.auth,
+            then=then,
         )
         # A local activity: the decision's workflow task records the outcome and schedules
         # what follows, one server round trip fewer between decision and resumed turn
         # (issue 14). Durable all the same: its result is a marker in history.
         summary = f"review {outcome}"
-        if workflow.patched(PATCH_LOCAL_SETTLE):
+        if self._patched(PATCH_LOCAL_SETTLE):
             settled: SettleResult = await self._local(
                 XAgentActivities.settle_review, settle, summary=summary
             )
@@ -210,4 +244,6 @@ class ReviewMixin(DelegationMixin):
                 retry_policy=STORE_RETRY,
                 summary=summary,
             )
+        if settled.ran is not None:
+            return settled.ran
         return None if settled.allowed else settled.outcome

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         SESSION_BUSY,
         SESSION_CLOSED,
         SESSION_EXTERNAL,
+        SESSION_PATCH_LEVEL,
         LateDecision,
         LoadAgentInput,
         ResolvedAgent,
@@ -108,7 +109,7 @@ class SessionWorkflow(DispatchMixin):
         try:
             if self._agent is None:
                 load = LoadAgentInput(session_id=inp.session_id, agent_pin=inp.agent_pin)
-                if workflow.patched(PATCH_LOCAL_LOAD):
+                if self._patched(PATCH_LOCAL_LOAD):
                     # A local activity: it runs inside the first workflow task, so the first
                     # model turn is scheduled by that same task instead of one more server
                     # round trip (issue 14). Still durable: its result is a history marker.
@@ -132,7 +133,7 @@ class SessionWorkflow(DispatchMixin):
         except asyncio.CancelledError:
             self._closed = True
             self._ended = "cancelled"
-            if workflow.patched(PATCH_CANCEL_TURN):
+            if self._patched(PATCH_CANCEL_TURN):
                 # Cancel the Update's running turn too (handlers are separate tasks), so no
                 # model call or tool runs after the cancel and `cancelled` is the last event.
                 turn = self._turn_task
@@ -147,7 +148,7 @@ class SessionWorkflow(DispatchMixin):
                 retry_policy=STORE_RETRY,
                 summary="cancelled",
             )
-            if workflow.patched(PATCH_CASCADE):
+            if self._patched(PATCH_CASCADE):
                 # Every open session delegated from this one (sync or async, any depth).
                 # Best effort: the session itself is cancelled whatever this reports.
                 with contextlib.suppress(ActivityError):
@@ -162,7 +163,7 @@ class SessionWorkflow(DispatchMixin):
         except ActivityError as err:
             # The pin no longer resolves (retired/deleted since launch): end the session.
             self._closed = True
-            final: SessionStatus = "failed" if workflow.patched(PATCH_LOAD_FAILED) else "idle"
+            final: SessionStatus = "failed" if self._patched(PATCH_LOAD_FAILED) else "idle"
             self._ended = "failed"
             self._last_message = f"{inp.agent_pin} cannot run: {error_cause(err)}"
             self._show()
@@ -187,6 +188,8 @@ class SessionWorkflow(DispatchMixin):
             # Payloads only: the command sequence is unchanged, so no patch is needed.
             late_decisions=self._late_decisions,
             settled_reviews=list(self._settled_reviews),
+            # The next run starts under this code, which has every patch of this level.
+            patch_level=SESSION_PATCH_LEVEL,
         )
 
     def _working(self) -> bool:
@@ -205,7 +208,7 @@ class SessionWorkflow(DispatchMixin):
         (update-with-start). Runs started before this patch wait forever, as they did.
         """
         idle = self._inp.config.idle_timeout_s
-        if idle is None or not workflow.patched(PATCH_IDLE_COMPLETE):
+        if idle is None or not self._patched(PATCH_IDLE_COMPLETE):
             await workflow.wait_condition(lambda: self._should_continue_as_new() and not self._busy)
             return True
         while True:
@@ -353,7 +356,7 @@ class SessionWorkflow(DispatchMixin):
         prefix = f"{sid}:t{turn}"
         usage = Usage()
         user: str | None = msg.prompt  # stored with the first model call of the turn
-        routable = self._may_route(agent, msg) and workflow.patched(PATCH_ROUTING)
+        routable = self._may_route(agent, msg) and self._patched(PATCH_ROUTING)
         if routable and await self._route(agent, turn, msg):
             user = None  # stored by the route, with the routed call and its result
         for step in range(1, cfg.max_steps_per_message + 1):
@@ -379,7 +382,7 @@ class SessionWorkflow(DispatchMixin):
                 )
             # Several tool calls in one model response run in parallel, up to a cap: each
             # holds worker slots (a sync delegation for as long as its child runs).
-            capped = workflow.patched(PATCH_CALL_CAP)
+            capped = self._patched(PATCH_CALL_CAP)
             await asyncio.gather(
                 *(
                     self._dispatch(agent, turn, step, i, call)

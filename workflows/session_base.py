@@ -69,9 +69,45 @@ PATCH_MCP_TOOLS = "mcp-server-tools"
 PATCH_LOCAL_LOAD = "load-agent-local-activity"
 PATCH_LOCAL_SETTLE = "settle-review-local-activity"
 PATCH_IDLE_COMPLETE = "idle-session-completes"
+PATCH_LOCAL_XAGENT_READ = "xagent-read-local-activity"
+
+#: The level (``SessionInput.patch_level``) at which a run is born with each patch: it
+#: runs the patched branch from its first command, without a marker (``_patched``). A
+#: patch added later gets the next level, and SESSION_PATCH_LEVEL moves up with it.
+BORN_PATCHED: dict[str, int] = dict.fromkeys(
+    (
+        PATCH_COARSE_STATUS,
+        PATCH_CANCEL_TURN,
+        PATCH_LOAD_FAILED,
+        PATCH_XAGENT,
+        PATCH_DELEGATION,
+        PATCH_CASCADE,
+        PATCH_ROUTING,
+        PATCH_CALL_CAP,
+        PATCH_ONE_DECISION,
+        PATCH_MCP_TOOLS,
+        PATCH_LOCAL_LOAD,
+        PATCH_LOCAL_SETTLE,
+        PATCH_IDLE_COMPLETE,
+    ),
+    1,
+)
+# Not born yet: PATCH_LOCAL_XAGENT_READ (issue 14's local list/read). A worker one release
+# older than the launcher must run a born run's patched branches (docs/deployment.md), and
+# the release before this one has no such branch; so it records its marker for one
+# release, and joins BORN_PATCHED at level 2 (with SESSION_PATCH_LEVEL = 2) in the next.
 
 #: Characters of the last message shown in the current details.
 DETAILS_PREVIEW = 80
+
+
+def _marked(patch_id: str) -> bool:
+    """Whether this run's history holds a marker for ``patch_id``: the patches the SDK was
+    notified of while replaying (what ``workflow.patched`` itself consults; temporalio
+    1.35's ``_patches_notified``). tests/test_born_patched.py fails if the SDK renames it.
+    """
+    notified: set[str] = workflow._Runtime.current()._patches_notified  # type: ignore[attr-defined]
+    return patch_id in notified
 
 
 class SessionBase:
@@ -97,6 +133,22 @@ class SessionBase:
     _last_message: str
     _completed_idle: bool
 
+    def _patched(self, patch_id: str) -> bool:
+        """``workflow.patched(patch_id)``, without the marker in a run born patched.
+
+        A run whose input's ``patch_level`` reaches the patch's ``BORN_PATCHED`` level was
+        started by code that has the patch, so it takes the patched branch from its first
+        command and records nothing. A marker costs a history event and a
+        ``TemporalChangeVersion`` search-attribute upsert (a visibility write) each: two
+        of each in a new session's first turn, ~10 ms of it (bench/README.md, issue 14).
+        A marker the history holds anyway (a worker that ignored the field recorded it)
+        is replayed through ``workflow.patched``, so such a history stays deterministic.
+        """
+        level = BORN_PATCHED.get(patch_id)
+        if level is not None and self._inp.patch_level >= level and not _marked(patch_id):
+            return True
+        return workflow.patched(patch_id)
+
     def _set_status(self, status: SessionStatus) -> None:
         if status == self._status:
             return
@@ -107,7 +159,7 @@ class SessionBase:
         # an unregistered attribute would fail every workflow task and wedge the session.
         if attrs.get(SA_AGENT) is None:
             return
-        if not workflow.patched(PATCH_COARSE_STATUS):
+        if not self._patched(PATCH_COARSE_STATUS):
             # Runs started before the patch upserted every change; replay must match.
             workflow.upsert_search_attributes([SA_STATUS.value_set(status)])
             return
@@ -171,7 +223,7 @@ class SessionBase:
             and not prov.team_member
             and not prov.disable_delegation
             # One hop (Gamut X-Agent) on every path: an invoked turn is offered no roster.
-            and not (self._invoked_turn and workflow.patched(PATCH_ONE_DECISION))
+            and not (self._invoked_turn and self._patched(PATCH_ONE_DECISION))
         )
         return DelegationOffer(team=team if lead else None, adhoc=adhoc, task=bool(agent.subagents))
 

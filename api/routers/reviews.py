@@ -158,30 +158,34 @@ async def decide(
             path="decision",
         )
     decision_id = str(uuid.uuid4())
-    try:
-        await client.get_workflow_handle(review.session_id).signal(
-            "review_decision",
-            reviews.prove(
-                settings.review_key(),
-                ReviewDecision(
-                    review_id=review_id,
-                    decision=body.decision,
-                    scope=body.scope,
-                    decided_by=caller.user,
-                    decision_id=decision_id,
-                ),
-            ),
-        )
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise ReviewTooLate(f"the session of review '{review_id}' has ended") from exc
-        raise EngineUnavailable(f"Temporal refused the decision: {exc.message}") from exc
-    deadline = asyncio.get_running_loop().time() + SETTLE_WAIT_S
     # Settling writes the session's review_resolved event: the notifier wakes this wait at
     # that commit (issue 14) instead of after the next 50 ms poll, which stays the fallback.
+    # Subscribed before the Signal, so the wait comes first: the review cannot be settled
+    # before the Signal is delivered, and reading it sooner only takes a thread and a
+    # query from the workflow task settling it.
     notifier: EventNotifier = request.app.state.notifier
     with notifier.subscribe(review.session_id) as settled:
+        try:
+            await client.get_workflow_handle(review.session_id).signal(
+                "review_decision",
+                reviews.prove(
+                    settings.review_key(),
+                    ReviewDecision(
+                        review_id=review_id,
+                        decision=body.decision,
+                        scope=body.scope,
+                        decided_by=caller.user,
+                        decision_id=decision_id,
+                    ),
+                ),
+            )
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise ReviewTooLate(f"the session of review '{review_id}' has ended") from exc
+            raise EngineUnavailable(f"Temporal refused the decision: {exc.message}") from exc
+        deadline = asyncio.get_running_loop().time() + SETTLE_WAIT_S
         while asyncio.get_running_loop().time() < deadline:
+            await settled.wait(timeout=POLL_S)
             settled.clear()
             state, winner = await asyncio.to_thread(_decision_id, engine, review_id)
             if state != "pending":
@@ -191,7 +195,6 @@ async def decide(
                         review_status=state,
                     )
                 return await asyncio.to_thread(_load, engine, caller, review_id)
-            await settled.wait(timeout=POLL_S)
     response.status_code = status.HTTP_202_ACCEPTED
     return await asyncio.to_thread(_load, engine, caller, review_id)
 

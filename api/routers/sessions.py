@@ -223,7 +223,7 @@ async def create_session(
     token (shown once) and the MCP server's URL.
     """
 
-    def route() -> tuple[str, TeamSnapshot | None]:
+    def route() -> tuple[str, TeamSnapshot | None, launch.Recorded | None]:
         # AgentX Agent Teams, explicit routing: team > target agent > agent > default.
         with session_scope(engine) as s:
             if body.team:
@@ -238,21 +238,44 @@ async def create_session(
                         "name an agent, a target_agent or a team (no BATON_DEFAULT_AGENT is set)",
                         path="agent",
                     )
-            caller.require(s, parse_ref(ref)[0], "user")
-            if registry.is_ambassador(s, slug=parse_ref(ref)[0]):
+            slug, version = parse_ref(ref)
+            caller.require(s, slug, "user")
+            resolved = registry.resolve_agent(s, ref=ref)
+            if registry.is_ambassador(s, slug=slug, live=resolved if version is None else None):
                 raise inquiries.NotInvocable(
-                    f"'{parse_ref(ref)[0]}' is an ambassador: ask it about a session with "
+                    f"'{slug}' is an ambassador: ask it about a session with "
                     "POST /v1/sessions/{id}/inquiries",
                     path="agent",
                 )
             for member in team.members if team else []:
                 caller.require(s, member.agent_id, "user")  # a team run runs every member
-            return ref, team
+            if body.external:
+                return ref, team, None
+            assert body.prompt is not None  # checked by SessionCreate
+            # Issue 14: recorded in the transaction that checked the request, with the
+            # snapshot just resolved (one transaction, one resolution per launch).
+            recorded = launch.record_session(
+                s,
+                session_id=launch.new_session_id(),
+                ref=ref,
+                prompt=body.prompt,
+                provenance=provenance(team),
+                name=body.name,
+                resolved=resolved,
+            )
+            return ref, team, recorded
 
-    ref, team = await asyncio.to_thread(route)
-    if body.external:
+    def provenance(team: TeamSnapshot | None) -> Provenance:
+        return Provenance(
+            created_by_user=caller.user,
+            team=team.id if team else None,
+            disable_delegation=body.disable_delegation,
+        )
+
+    ref, team, recorded = await asyncio.to_thread(route)
+    if recorded is None:  # external
         return await _open_external(body, request, engine, settings, client, caller, ref)
-    assert body.prompt is not None  # checked by SessionCreate
+    assert body.prompt is not None
     launched = await launch.launch_session(
         client,
         engine,
@@ -260,14 +283,11 @@ async def create_session(
         config=settings.session_config(),
         ref=ref,
         prompt=body.prompt,
-        provenance=Provenance(
-            created_by_user=caller.user,
-            team=team.id if team else None,
-            disable_delegation=body.disable_delegation,
-        ),
+        provenance=provenance(team),
         sync=body.sync,
         name=body.name,
         team=team,
+        recorded=recorded,
     )
     return SessionAccepted(
         session_id=launched.session_id,

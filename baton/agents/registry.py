@@ -355,11 +355,12 @@ def resolve_agent(session: Session, *, ref: str, user: str | None = None) -> Res
     return resolved
 
 
-def is_ambassador(session: Session, *, slug: str) -> bool:
+def is_ambassador(session: Session, *, slug: str, live: ResolvedAgent | None = None) -> bool:
     """Whether the live revision of ``slug`` resolves to ``kind: ambassador`` (issue 15);
-    False for an agent that does not resolve (its own refusal applies then)."""
+    False for an agent that does not resolve (its own refusal applies then). ``live``:
+    that resolution, when the caller has just made it (it is not made again)."""
     try:
-        return resolve_agent(session, ref=slug).kind == "ambassador"
+        return (live or resolve_agent(session, ref=slug)).kind == "ambassador"
     except BatonError:
         return False
 

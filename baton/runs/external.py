@@ -28,7 +28,6 @@ from typing import Any, Literal
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateStage
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from baton import temporal_ui
@@ -39,6 +38,7 @@ from baton.contracts import (
     EXTERNAL_TOOL_CALL,
     NOT_EXTERNAL,
     SESSION_CLOSED,
+    SESSION_PATCH_LEVEL,
     UNKNOWN_TOOL,
     ExternalMessage,
     ExternalMessageOutcome,
@@ -221,7 +221,13 @@ async def open_external_session(
 
     slug, version, plain, expires = await asyncio.to_thread(record)
     pin = f"{slug}@{version}"
-    inp = SessionInput(session_id=session_id, agent_pin=pin, provenance=prov, config=config)
+    inp = SessionInput(
+        session_id=session_id,
+        agent_pin=pin,
+        provenance=prov,
+        config=config,
+        patch_level=SESSION_PATCH_LEVEL,
+    )
     try:
         await client.start_workflow(
             launch.WORKFLOW,
@@ -257,9 +263,7 @@ async def open_external_session(
 
 def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
     """The external Updates' own refusals; the rest as :func:`baton.runs.launch._update_error`."""
-    cause = exc.cause
-    kind = cause.type if isinstance(cause, ApplicationError) else None
-    message = str(cause.message) if isinstance(cause, ApplicationError) else str(cause)
+    kind, message = launch.refusal(exc)
     if kind == NOT_EXTERNAL:
         return NotExternal(message, session_id=session_id)
     if kind == UNKNOWN_TOOL:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Engine
+from sqlmodel import Session
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -41,6 +42,7 @@ from baton.contracts import (
     SESSION_BUSY,
     SESSION_CLOSED,
     SESSION_EXTERNAL,
+    SESSION_PATCH_LEVEL,
     Provenance,
     ResolvedAgent,
     ResumePoint,
@@ -97,10 +99,18 @@ def _name(prompt: str) -> str:
     return session_store.summarise(line, 80)
 
 
-def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
+def refusal(exc: WorkflowUpdateFailedError) -> tuple[str | None, str]:
+    """An Update's failure as ``(type, message)``: the workflow's ApplicationError type
+    (``session_busy``, ``not_external``, …; None for any other failure) and its message."""
     cause = exc.cause
-    kind = cause.type if isinstance(cause, ApplicationError) else None
-    message = str(cause.message) if isinstance(cause, ApplicationError) else str(cause)
+    if isinstance(cause, ApplicationError):
+        return cause.type, str(cause.message)
+    return None, str(cause)
+
+
+def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError:
+    kind, message = refusal(exc)
+    cause = exc.cause
     if kind == SESSION_BUSY:
         return SessionBusy(message, session_id=session_id)
     if kind == SESSION_CLOSED:
@@ -133,6 +143,65 @@ def final_text(engine: Engine, message_id: str) -> str:
         return row.text if row else ""
 
 
+@dataclass
+class Recorded:
+    """A session row recorded for a launch (:func:`record_session`): its pin, and the
+    snapshot its first run carries (None: the workflow's ``load_agent`` resolves the pin)."""
+
+    session_id: str
+    slug: str
+    version: int
+    snapshot: ResolvedAgent | None
+
+
+def record_session(
+    s: Session,
+    *,
+    session_id: str,
+    ref: str,
+    prompt: str,
+    provenance: Provenance,
+    name: str | None = None,
+    idempotent: bool = False,
+    agent: ResolvedAgent | None = None,
+    resolved: ResolvedAgent | None = None,
+) -> Recorded:
+    """Record the session row of a launch in the caller's transaction ``s`` (the API does
+    it in the transaction that checked the request: issue 14, one transaction).
+
+    ``agent``: see :func:`launch_session`; ``resolved``: ``ref`` as the caller has just
+    resolved it (not resolved again). An ``idempotent`` launch whose row
+    exists (a retried delegation) returns it unchanged. Raises what the registry raises
+    for ``ref`` (AgentNotFound, AgentRetired, …) when it resolves it.
+    """
+    existing = s.get(SessionRow, session_id) if idempotent else None
+    if existing is not None:
+        # A retried launch: a start still to come runs what the first attempt was
+        # given, or loads its pin (the workflow's `load_agent`).
+        return Recorded(session_id, existing.agent_slug, existing.agent_version, agent)
+    snapshot = agent or resolved or registry.resolve_agent(s, ref=ref)
+    row = session_store.create_session(
+        s,
+        session_id=session_id,
+        agent_slug=snapshot.slug,
+        agent_version=snapshot.version,
+        provenance=provenance,
+        name=name or _name(prompt),
+    )
+    if snapshot.mcp_servers and agent is None:
+        # MCP tools are discovered by the worker's `load_agent` (it reaches the servers;
+        # the API need not): the workflow loads this pin itself.
+        return Recorded(session_id, snapshot.slug, snapshot.version, None)
+    row.resolved_agent = snapshot.model_dump(mode="json")
+    s.add(row)
+    return Recorded(session_id, snapshot.slug, snapshot.version, snapshot)
+
+
+def new_session_id() -> str:
+    """A new session's id (its workflow id)."""
+    return f"session-{uuid.uuid4()}"
+
+
 async def launch_session(
     client: Client,
     engine: Engine,
@@ -148,12 +217,14 @@ async def launch_session(
     update_id: str | None = None,
     agent: ResolvedAgent | None = None,
     team: TeamSnapshot | None = None,
+    recorded: Recorded | None = None,
 ) -> Launched:
     """Resolve ``ref``, record the session and start it with its first message.
 
     ``agent`` runs a given configuration instead of resolving ``ref`` (a subagent
     node: its pin overlaid with node-local instructions, model and tools); ``team``
-    makes it a team run (the supervisor's session, members pinned).
+    makes it a team run (the supervisor's session, members pinned); ``recorded``: the
+    row the caller recorded itself in its own transaction (:func:`record_session`).
 
     ``session_id`` + ``update_id`` make the launch idempotent (the ``delegate``
     activity derives both from the delegation id, so a retry attaches to the
@@ -163,46 +234,36 @@ async def launch_session(
     AgentNotPublished / InvalidReference, EngineUnavailable (Temporal refused the
     start; nothing is left behind) or TurnFailed (sync, the first turn failed).
     """
-    idempotent = session_id is not None
-    session_id = session_id or f"session-{uuid.uuid4()}"
+    idempotent = session_id is not None and recorded is None
 
-    def record() -> tuple[str, int]:
+    def record() -> Recorded:
         with session_scope(engine) as s:
-            existing = s.get(SessionRow, session_id) if idempotent else None
-            if existing is not None:
-                return existing.agent_slug, existing.agent_version
-            if agent is not None:
-                row = session_store.create_session(
-                    s,
-                    session_id=session_id,
-                    agent_slug=agent.slug,
-                    agent_version=agent.version,
-                    provenance=provenance,
-                    name=name or _name(prompt),
-                )
-                row.resolved_agent = agent.model_dump(mode="json")
-                s.add(row)
-                return agent.slug, agent.version
-            found, rev = registry.resolve_ref(s, ref=ref)
-            session_store.create_session(
+            return record_session(
                 s,
-                session_id=session_id,
-                agent_slug=found.slug,
-                agent_version=rev.version,
+                session_id=session_id or new_session_id(),
+                ref=ref,
+                prompt=prompt,
                 provenance=provenance,
-                name=name or _name(prompt),
+                name=name,
+                idempotent=idempotent,
+                agent=agent,
             )
-            return found.slug, rev.version
 
-    slug, version = await asyncio.to_thread(record)
+    if recorded is None:
+        recorded = await asyncio.to_thread(record)
+    session_id, slug, version = recorded.session_id, recorded.slug, recorded.version
     pin = f"{slug}@{version}"
     inp = SessionInput(
         session_id=session_id,
         agent_pin=pin,
         provenance=provenance,
         config=config,
-        agent=agent,
+        # The snapshot goes in the input: the first workflow task schedules the first
+        # model turn at once, with no `load_agent` (issue 14). It is what `load_agent`
+        # would resolve and record: the same pin, resolved in the same way.
+        agent=recorded.snapshot,
         team=team,
+        patch_level=SESSION_PATCH_LEVEL,
     )
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         WORKFLOW,

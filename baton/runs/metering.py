@@ -18,12 +18,13 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import func
-from sqlalchemy import insert as sa_insert
+from sqlalchemy import Table, bindparam, func
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.elements import ColumnElement
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from baton import telemetry
 from baton.runs import run_tree
@@ -101,6 +102,29 @@ _COLUMN = {
 }
 
 
+_USAGE: Table = UsageRow.__table__  # type: ignore[attr-defined]
+_BALANCE: Table = BalanceRow.__table__  # type: ignore[attr-defined]
+# Built once per process: every model call runs these (see baton.runs.session_store).
+#: The usage row of a call not metered yet; a retry's finds its ``message_id`` and writes
+#: nothing (both backends' ``ON CONFLICT DO NOTHING`` on the unique key).
+#: ``RETURNING id`` tells which (the driver's rowcount does not, once SQLAlchemy adds its
+#: own implicit ``RETURNING`` of the primary key on PostgreSQL).
+_INSERT_USAGE_ONCE = {
+    "sqlite": sqlite_insert(_USAGE)
+    .on_conflict_do_nothing(index_elements=["message_id"])
+    .returning(_USAGE.c.id),
+    "postgresql": pg_insert(_USAGE)
+    .on_conflict_do_nothing(index_elements=["message_id"])
+    .returning(_USAGE.c.id),
+}
+_READ_BALANCE = sa_select(_BALANCE.c.amount_usd).where(_BALANCE.c.id == 1)
+_CHARGE = (
+    sa_update(_BALANCE)
+    .where(_BALANCE.c.id == 1, _BALANCE.c.amount_usd.is_not(None))
+    .values(amount_usd=_BALANCE.c.amount_usd - bindparam("cost"), updated_at=bindparam("now"))
+)
+
+
 def price_cost(
     prices: dict[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int
 ) -> float | None:
@@ -112,9 +136,11 @@ def price_cost(
 
 
 def get_balance(session: Session) -> float | None:
-    """The balance in USD, or None (unlimited)."""
-    row = session.get(BalanceRow, 1)
-    return None if row is None else row.amount_usd
+    """The balance in USD, or None (unlimited). Read before every model call: one Core
+    query on the transaction's connection (pending ORM writes flushed first)."""
+    session.flush()
+    found = session.connection().execute(_READ_BALANCE).first()
+    return None if found is None else found[0]
 
 
 def set_balance(session: Session, *, amount: float | None) -> float | None:
@@ -150,17 +176,12 @@ def record(
     update is one atomic ``UPDATE … SET amount = amount - cost``; the call's
     token_budget reservation is settled to these tokens in the same transaction.
     """
-    if session.exec(select(UsageRow.id).where(UsageRow.message_id == message_id)).first():
-        return False
-    # The call's token_budget reservation becomes its usage in this same transaction.
-    run_tree.settle_tokens(
-        session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
-    )
+    conn = session.connection()
     now = utcnow()
-    # A Core INSERT on the transaction's connection: every model call writes one, and the
-    # ORM unit of work cost more CPU than the statement (issue 14).
-    session.connection().execute(
-        sa_insert(UsageRow.__table__),  # type: ignore[attr-defined]
+    # One Core INSERT … ON CONFLICT (message_id) DO NOTHING on the transaction's connection,
+    # built once: the check for a retry and the write are one statement (issue 14).
+    inserted = conn.execute(
+        _INSERT_USAGE_ONCE[conn.dialect.name],
         {
             "message_id": message_id,
             "day": now.date().isoformat(),
@@ -174,12 +195,17 @@ def record(
             "at": now,
         },
     )
+    if inserted.first() is None:
+        return False  # a retry: this call is metered already
+    # The call's token_budget reservation becomes its usage in this same transaction.
+    run_tree.settle_tokens(
+        session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
+    )
     if cost_usd:
-        session.execute(
-            sa_update(BalanceRow)
-            .where(col(BalanceRow.id) == 1, col(BalanceRow.amount_usd).is_not(None))
-            .values(amount_usd=col(BalanceRow.amount_usd) - cost_usd, updated_at=now)
-        )
+        conn.execute(_CHARGE, {"cost": cost_usd, "now": now})
+        loaded = session.identity_map.get(session.identity_key(BalanceRow, 1))
+        if loaded is not None:  # a balance row this transaction loaded reloads its amount
+            session.expire(loaded, ["amount_usd", "updated_at"])
     session.flush()
     telemetry.count_turn(  # issue 12 item 6: once per model call, like the usage row
         agent=agent, input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd

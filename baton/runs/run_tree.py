@@ -12,7 +12,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import func
+from sqlalchemy import Table, bindparam, func
+from sqlalchemy import select as sa_select
+from sqlalchemy import update as sa_update
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col, select
 
@@ -22,6 +24,24 @@ from baton.runs.costs import sum_costs
 from baton.storage.db import DelegationRow, MessageRow, SessionRow, TokenReservationRow, utcnow
 
 PREVIEW_CHARS = 300
+_DELEGATIONS: Table = DelegationRow.__table__  # type: ignore[attr-defined]
+_RESERVATIONS: Table = TokenReservationRow.__table__  # type: ignore[attr-defined]
+# Built once per process: every model call and forwarded event runs these (issue 14).
+_CONTEXT_OF = sa_select(
+    _DELEGATIONS.c.root_session_id, _DELEGATIONS.c.id, _DELEGATIONS.c.target_agent_slug
+).where(_DELEGATIONS.c.child_session_id == bindparam("session_id"))
+_OPEN_RESERVATION = sa_select(_RESERVATIONS.c.root_session_id).where(
+    _RESERVATIONS.c.message_id == bindparam("message_id"), _RESERVATIONS.c.settled_at.is_(None)
+)
+_SETTLE = (
+    sa_update(_RESERVATIONS)
+    .where(_RESERVATIONS.c.message_id == bindparam("call"))
+    .values(
+        actual_input_tokens=bindparam("used_in"),
+        actual_tokens=bindparam("used"),
+        settled_at=bindparam("now"),
+    )
+)
 #: Cached delegation context per child session: (root, delegation id, target slug).
 _CONTEXT: dict[str, tuple[str, str, str] | None] = {}
 CONTEXT_CACHE = 4096
@@ -119,10 +139,9 @@ def context(session: Session, session_id: str) -> tuple[str, str, str] | None:
     """``(root session, delegation id, agent)`` when ``session_id`` runs a delegation."""
     if session_id in _CONTEXT:
         return _CONTEXT[session_id]
-    row = session.exec(
-        select(DelegationRow).where(DelegationRow.child_session_id == session_id)
-    ).first()
-    found = (row.root_session_id, row.id, row.target_agent_slug) if row else None
+    session.flush()  # a delegation row this transaction added is found
+    row = session.connection().execute(_CONTEXT_OF, {"session_id": session_id}).first()
+    found = (row[0], row[1], row[2]) if row else None
     if len(_CONTEXT) >= CONTEXT_CACHE:
         _CONTEXT.pop(next(iter(_CONTEXT)))
     _CONTEXT[session_id] = found
@@ -287,15 +306,18 @@ def settle_tokens(
     """Settle a model call's reservation to what it used, in the transaction that meters it
     (:func:`baton.runs.metering.record`), under the run's lock so an admission never sees
     the tokens neither reserved nor used. No reservation (no budget): nothing to do."""
-    row = session.get(TokenReservationRow, message_id)
-    if row is None or row.settled_at is not None:
-        return
-    lock_run(session, root_session_id=row.root_session_id)
-    row.actual_input_tokens = input_tokens
-    row.actual_tokens = input_tokens + output_tokens
-    row.settled_at = utcnow()
-    session.add(row)
     session.flush()
+    conn = session.connection()
+    # Core statements built once: every metered call runs this check (issue 14).
+    found = conn.execute(_OPEN_RESERVATION, {"message_id": message_id}).first()
+    if found is None:
+        return
+    lock_run(session, root_session_id=found[0])
+    used = {"used_in": input_tokens, "used": input_tokens + output_tokens, "now": utcnow()}
+    conn.execute(_SETTLE, {"call": message_id, **used})
+    loaded = session.identity_map.get(session.identity_key(TokenReservationRow, message_id))
+    if loaded is not None:  # a reservation this transaction loaded reloads what changed
+        session.expire(loaded, ["actual_input_tokens", "actual_tokens", "settled_at"])
 
 
 def run_spawns(session: Session, *, root_session_id: str) -> int:

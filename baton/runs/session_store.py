@@ -9,18 +9,20 @@ in the same transaction as its ``message`` event.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Table
+from sqlalchemy import JSON, Table, Text, bindparam
+from sqlalchemy import and_ as sa_and
 from sqlalchemy import event as sa_event
+from sqlalchemy import exists as sa_exists
 from sqlalchemy import func as sa_func
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import text as sa_text
 from sqlalchemy import tuple_ as sa_tuple
+from sqlalchemy import type_coerce as sa_type_coerce
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
@@ -201,6 +203,19 @@ def get_session(session: Session, *, session_id: str) -> SessionRow:
     return row
 
 
+def agent_snapshot(session: Session, *, session_id: str) -> dict[str, Any] | None:
+    """The ``resolved_agent`` snapshot recorded on ``session_id``'s row (by the launch, or
+    the workflow's ``load_agent``); None until one is. Read by a session's first model call
+    on each worker: one column by a Core query, not the whole row through the ORM (issue
+    14). Raises SessionNotFound."""
+    session.flush()
+    found = session.connection().execute(_SNAPSHOT, {"session_id": session_id}).first()
+    if found is None:
+        raise SessionNotFound(f"no session '{session_id}'")
+    snapshot: dict[str, Any] | None = found[0]
+    return snapshot
+
+
 def list_sessions(
     session: Session,
     *,
@@ -231,6 +246,85 @@ _EVENTS: Table = EventRow.__table__  # type: ignore[attr-defined]
 #: ``Session.info`` key of the events a PostgreSQL transaction writes at commit.
 _PENDING_EVENTS = "baton_pending_events"
 
+# The statements of a turn's writes, built once per process (issue 14). Building a
+# statement and generating its cache key cost more CPU than running it; a statement
+# object built once keeps its cache key (SQLAlchemy memoizes it), so each execution is a
+# compiled-cache hit with new bind values. Closed statuses are spelled out as constants,
+# not ``NOT IN (…)``, whose expanding parameter is re-rendered at every execution.
+_OPEN = sa_and(*(_SESSIONS.c.status != s for s in CLOSED_STATUSES))
+_INSERT_EVENT = sa_insert(_EVENTS)
+#: PostgreSQL's events, written at commit, announce themselves (``LISTEN baton_events``).
+_INSERT_EVENT_NOTIFY = sa_insert(_EVENTS).returning(notify.notify_returning(_EVENTS.c.session_id))
+_INSERT_MESSAGE = sa_insert(_MESSAGES)
+_MESSAGE_EXISTS = sa_select(_MESSAGES.c.id).where(_MESSAGES.c.id == bindparam("message_id"))
+_MESSAGE_ROW = sa_select(_MESSAGES).where(_MESSAGES.c.id == bindparam("message_id"))
+_SESSION_EXISTS = sa_select(_SESSIONS.c.id).where(_SESSIONS.c.id == bindparam("session_id"))
+_SNAPSHOT = sa_select(_SESSIONS.c.resolved_agent).where(_SESSIONS.c.id == bindparam("session_id"))
+_SET_STATUS = (
+    sa_update(_SESSIONS)
+    .where(_SESSIONS.c.id == bindparam("session_id"), _OPEN, _SESSIONS.c.status != bindparam("to"))
+    .values(status=bindparam("to"), last_activity_at=bindparam("now"))
+)
+_LOCK_PG = (
+    sa_select(_SESSIONS.c.status).where(_SESSIONS.c.id == bindparam("session_id")).with_for_update()
+)
+#: SQLite: a no-op UPDATE takes the write lock (see :func:`lock_session`).
+_LOCK_SQLITE = (
+    sa_update(_SESSIONS)
+    .where(_SESSIONS.c.id == bindparam("session_id"))
+    .values(id=_SESSIONS.c.id)
+    .returning(_SESSIONS.c.status)
+)
+
+
+def _bump(with_usage: bool) -> Any:
+    """``add_message``'s counter increment, in place (no read of the row, no lost update),
+    only while no message ``message_id`` exists: the check and the bump are one statement."""
+    counters: dict[str, Any] = {
+        "message_count": _SESSIONS.c.message_count + 1,
+        "last_activity_at": bindparam("now"),
+    }
+    if with_usage:
+        counters["input_tokens"] = _SESSIONS.c.input_tokens + bindparam("add_in")
+        counters["output_tokens"] = _SESSIONS.c.output_tokens + bindparam("add_out")
+    absent = ~sa_exists().where(_MESSAGES.c.id == bindparam("message_id"))
+    return (
+        sa_update(_SESSIONS)
+        .where(_SESSIONS.c.id == bindparam("session_id"), absent)
+        .values(**counters)
+    )
+
+
+_BUMP, _BUMP_USAGE = _bump(False), _bump(True)
+
+
+def _history_statements(tool_calls: Any) -> tuple[Any, Any]:
+    """:func:`history`'s two reads (all messages; the newest ``last``), ``tool_calls``
+    being the column expression that reads the messages' tool calls."""
+    query = sa_select(
+        _MESSAGES.c.role,
+        _MESSAGES.c.text,
+        _MESSAGES.c.tool_name,
+        _MESSAGES.c.tool_call_id,
+        tool_calls,
+        _MESSAGES.c.is_error,
+    ).where(_MESSAGES.c.session_id == bindparam("session_id"))
+    newest = query.order_by(_MESSAGES.c.position.desc(), _MESSAGES.c.id.desc())
+    return query.order_by(_MESSAGES.c.position), newest.limit(bindparam("last"))
+
+
+#: Most messages carry no tool calls, stored as JSON ``null``. SQLite hands the text back
+#: to be decoded row by row, so there ``NULLIF(…, 'null')`` returns SQL NULL, which is
+#: never decoded (PostgreSQL's driver decodes JSON itself, and has no ``=`` for json).
+_HISTORY = {
+    "sqlite": _history_statements(
+        sa_type_coerce(
+            sa_func.nullif(sa_type_coerce(_MESSAGES.c.tool_calls, Text), "null"), JSON
+        ).label("tool_calls")
+    ),
+    "postgresql": _history_statements(_MESSAGES.c.tool_calls),
+}
+
 
 def append_event(
     session: Session,
@@ -255,13 +349,14 @@ def append_event(
     # A plain row, inserted without an ORM object: events are the hottest write.
     row = {"session_id": session_id, "type": type, "data": data, "created_at": utcnow()}
     notify.touched(session, session_id)  # its followers in this process wake at commit
-    if session.get_bind().dialect.name == "postgresql":
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
         # Remember the (nested) transaction: rolling back a savepoint drops its events.
         txn = session.get_nested_transaction() or session.get_transaction()
         session.info.setdefault(_PENDING_EVENTS, []).append((row, unless_closed, txn))
     elif not (unless_closed and lock_session(session, session_id=session_id) in CLOSED_STATUSES):
         # The status was read under SQLite's write lock: no cancel slips in.
-        session.connection().execute(sa_insert(_EVENTS), [row])
+        conn.execute(_INSERT_EVENT, row)
 
 
 @sa_event.listens_for(Session, "before_commit")
@@ -296,9 +391,8 @@ def _write_pending_events(session: Session) -> None:
     )
     rows = [r for r, unless, _ in pending if not (unless and r["session_id"] in closed)]
     if rows:  # one multi-row INSERT: ids follow the list's order
-        session.connection().execute(sa_insert(_EVENTS), rows)
         # Followers in other processes: LISTEN baton_events hears it at commit (issue 14).
-        notify.notify_sql(session, (r["session_id"] for r in rows))
+        session.connection().execute(_INSERT_EVENT_NOTIFY, rows)
 
 
 @sa_event.listens_for(Session, "after_soft_rollback")
@@ -328,15 +422,10 @@ def lock_session(session: Session, *, session_id: str) -> str | None:
     write lock instead. A column query, so a row this transaction loaded earlier
     cannot answer with a stale value.
     """
-    if session.get_bind().dialect.name == "postgresql":
-        stmt = select(SessionRow.status).where(SessionRow.id == session_id).with_for_update()
-        return session.exec(stmt).first()
-    found = session.execute(
-        sa_update(SessionRow)
-        .where(col(SessionRow.id) == session_id)
-        .values(id=SessionRow.id)
-        .returning(col(SessionRow.status))
-    ).first()
+    session.flush()  # as a query through the session would: its pending writes go first
+    conn = session.connection()
+    stmt = _LOCK_PG if conn.dialect.name == "postgresql" else _LOCK_SQLITE
+    found = conn.execute(stmt, {"session_id": session_id}).first()
     return found[0] if found is not None else None
 
 
@@ -370,19 +459,12 @@ def set_status(session: Session, *, session_id: str, status: SessionStatus) -> N
     # One conditional UPDATE: it takes the row lock (waiting for a writer that holds it)
     # and only then reads the status. A closed session is terminal, so late writers
     # cannot reopen it, and an unchanged status writes no event.
-    changed = session.connection().execute(
-        sa_update(_SESSIONS)
-        .where(
-            _SESSIONS.c.id == session_id,
-            _SESSIONS.c.status.not_in(CLOSED_STATUSES),
-            _SESSIONS.c.status != status,
-        )
-        .values(status=status, last_activity_at=utcnow())
-    )
+    conn = session.connection()
+    changed = conn.execute(_SET_STATUS, {"session_id": session_id, "to": status, "now": utcnow()})
     if changed.rowcount:
         _expire_loaded(session, session_id, ["status", "last_activity_at"])
         append_event(session, session_id=session_id, type="status", data={"status": status})
-    elif session.get(SessionRow, session_id) is None:
+    elif conn.execute(_SESSION_EXISTS, {"session_id": session_id}).first() is None:
         raise SessionNotFound(f"no session '{session_id}'")
     session.flush()
 
@@ -441,8 +523,10 @@ def resume_input(session: Session, *, session_id: str) -> tuple[ResumePoint, str
 
 
 def get_message(session: Session, *, message_id: str) -> MessageRow | None:
-    """The message with ``message_id``, if it was stored."""
-    return session.get(MessageRow, message_id)
+    """The message with ``message_id``, if it was stored: a row read by one Core query (a
+    retry's check before every write; no ORM identity lookup), detached from ``session``."""
+    found = session.connection().execute(_MESSAGE_ROW, {"message_id": message_id}).first()
+    return None if found is None else MessageRow(**found._mapping)
 
 
 def add_message(
@@ -464,45 +548,43 @@ def add_message(
     """Store a message once; returns whether it was stored now (False: the id exists).
 
     Also bumps the session's counters and appends a ``message`` event. Raises
-    SessionNotFound. Written with two statements (the hot path of every turn): an
-    in-place counter increment, then the message row, with no ORM object built.
+    SessionNotFound. Written with two statements (the hot path of every turn): the
+    counter increment, which also checks that the id is new, then the message row; both
+    built once per process, run on the transaction's connection, no ORM object built.
     """
     # Core statements on the transaction's connection: the ORM's per-statement machinery
     # (identity lookups, bulk-persistence compile) cost more CPU than the SQL (issue 14).
-    if session.execute(sa_select(_MESSAGES.c.id).where(_MESSAGES.c.id == message_id)).first():
-        return False
     now = utcnow()
-    counters: dict[str, Any] = {
-        "message_count": _SESSIONS.c.message_count + 1,
-        "last_activity_at": now,
-    }
-    if usage is not None:
-        counters["input_tokens"] = _SESSIONS.c.input_tokens + usage.input_tokens
-        counters["output_tokens"] = _SESSIONS.c.output_tokens + usage.output_tokens
     conn = session.connection()
-    # An in-place increment: no read of the session row, and no lost update.
-    bumped = conn.execute(
-        sa_update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(**counters)
-    )
-    if not bumped.rowcount:
+    bump = {"session_id": session_id, "message_id": message_id, "now": now}
+    if usage is not None:
+        bump |= {"add_in": usage.input_tokens, "add_out": usage.output_tokens}
+    if not conn.execute(_BUMP if usage is None else _BUMP_USAGE, bump).rowcount:
+        # Nothing bumped: the message exists (a retry), or the session does not.
+        if conn.execute(_MESSAGE_EXISTS, {"message_id": message_id}).first():
+            return False
         raise SessionNotFound(f"no session '{session_id}'")
-    _expire_loaded(session, session_id, list(counters))
+    counters = ["message_count", "last_activity_at"]
+    if usage is not None:
+        counters += ["input_tokens", "output_tokens"]
+    _expire_loaded(session, session_id, counters)
     conn.execute(
-        sa_insert(_MESSAGES).values(
-            id=message_id,
-            session_id=session_id,
-            position=position,
-            role=role,
-            agent_slug=agent_slug,
-            text=text,
-            tool_name=tool_name,
-            tool_call_id=tool_call_id,
-            tool_calls=tool_calls,
-            tool_args=tool_args,
-            is_error=is_error,
-            usage=usage.model_dump() if usage else None,
-            created_at=now,
-        )
+        _INSERT_MESSAGE,
+        {
+            "id": message_id,
+            "session_id": session_id,
+            "position": position,
+            "role": role,
+            "agent_slug": agent_slug,
+            "text": text,
+            "tool_name": tool_name,
+            "tool_call_id": tool_call_id,
+            "tool_calls": tool_calls,
+            "tool_args": tool_args,
+            "is_error": is_error,
+            "usage": usage.model_dump() if usage else None,
+            "created_at": now,
+        },
     )
     event: dict[str, Any] = {"message_id": message_id, "role": role, "text": summarise(text)}
     if tool_name:
@@ -527,9 +609,9 @@ def messages(session: Session, *, session_id: str) -> list[MessageRow]:
     )
 
 
-@dataclass(frozen=True)
-class HistoryItem:
-    """The columns a model call needs from one stored message."""
+class HistoryItem(NamedTuple):
+    """The columns a model call needs from one stored message (a tuple: up to
+    ``BATON_CONTEXT_MESSAGES`` of them are built per model call)."""
 
     role: str
     text: str
@@ -548,22 +630,13 @@ def history(session: Session, *, session_id: str, last: int | None = None) -> li
     Loaded on every model call, so it skips ORM objects and unused JSON columns, and a
     bounded read never touches the older rows (issue 14).
     """
-    columns = (
-        col(MessageRow.role),
-        col(MessageRow.text),
-        col(MessageRow.tool_name),
-        col(MessageRow.tool_call_id),
-        col(MessageRow.tool_calls),
-        col(MessageRow.is_error),
-    )
-    query = sa_select(*columns).where(col(MessageRow.session_id) == session_id)
+    conn = session.connection()
+    every, newest_first = _HISTORY[conn.dialect.name]
     if last is None:
-        rows = session.execute(query.order_by(col(MessageRow.position))).all()
-        return [HistoryItem(*row) for row in rows]
-    newest = session.execute(
-        query.order_by(col(MessageRow.position).desc(), col(MessageRow.id).desc()).limit(last)
-    ).all()
-    items = [HistoryItem(*row) for row in reversed(newest)]
+        rows = conn.execute(every, {"session_id": session_id}).all()
+        return [HistoryItem._make(row) for row in rows]
+    newest = conn.execute(newest_first, {"session_id": session_id, "last": last}).all()
+    items = [HistoryItem._make(row) for row in reversed(newest)]
     first_user = next((i for i, m in enumerate(items) if m.role == "user"), 0)
     return items[first_user:]
 

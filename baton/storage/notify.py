@@ -70,13 +70,13 @@ def _forget(session: Session) -> None:
     session.info.pop(_TOUCHED, None)
 
 
-def notify_sql(session: Session, session_ids: Iterable[str]) -> None:
-    """PostgreSQL: ``pg_notify`` per session, sent by the server when the transaction
-    commits (:func:`baton.runs.session_store._write_pending_events` calls it with the rows)."""
-    for sid in sorted(set(session_ids)):
-        session.execute(
-            sa.text("SELECT pg_notify(:channel, :sid)"), {"channel": CHANNEL, "sid": sid}
-        )
+def notify_returning(session_id: sa.ColumnElement[str]) -> sa.ColumnElement[object]:
+    """PostgreSQL: ``pg_notify(CHANNEL, session_id)`` for an event INSERT's ``RETURNING``
+    clause, so the announcement costs no statement of its own: one per inserted row, which
+    the server collapses to one per session (identical payloads in one transaction) and
+    sends when the transaction commits (:func:`baton.runs.session_store._write_pending_events`
+    writes the events with it)."""
+    return sa.func.pg_notify(CHANNEL, session_id)
 
 
 class Subscription:
