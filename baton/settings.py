@@ -192,6 +192,16 @@ class Settings(BaseSettings):
         "before cancelling them (they are retried elsewhere); keep it below the pod's "
         "terminationGracePeriodSeconds.",
     )
+    # Issue 14: the worker's memory is this many open runs at most (bench/held.py).
+    worker_max_cached_workflows: int = Field(
+        default=1000,
+        ge=0,
+        le=100_000,
+        description="Open workflow runs a worker keeps in memory (Temporal's sticky cache; "
+        "~240 KB each for a session waiting on a review, bench/README.md). Past it the "
+        "least recently used run is evicted: it stays open on the server and its next "
+        "task replays its history. 0: no cache, every task replays.",
+    )
     worker_deployment: str | None = Field(
         default=None,
         min_length=1,

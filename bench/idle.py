@@ -115,9 +115,19 @@ async def running(client: Client, queue: str) -> int:
 
 
 async def launch_all(
-    client: Client, engine: Engine, queue: str, config: SessionConfig, n: int, concurrency: int
+    client: Client,
+    engine: Engine,
+    queue: str,
+    config: SessionConfig,
+    n: int,
+    concurrency: int,
+    *,
+    agent: str = AGENT,
+    prompt: str = "hello",
+    sync: bool = True,
 ) -> list[str]:
-    """Start ``n`` sessions (first turn answered), ``concurrency`` at a time; their ids."""
+    """Start ``n`` sessions of ``agent``, ``concurrency`` at a time; their ids. ``sync``:
+    each launch returns with its first turn answered, else once the turn is accepted."""
     gate = asyncio.Semaphore(concurrency)
     started = time.monotonic()
     done = retried = 0
@@ -134,10 +144,10 @@ async def launch_all(
                         engine,
                         task_queue=queue,
                         config=config,
-                        ref=AGENT,
-                        prompt=f"hello {i}",
+                        ref=agent,
+                        prompt=f"{prompt} {i}",
                         provenance=Provenance(),
-                        sync=True,
+                        sync=sync,
                         session_id=sid,
                         update_id=f"{sid}:message-1",
                     )

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionR
 from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from api.app import create_app
 from baton.contracts import Provenance
@@ -200,6 +202,48 @@ async def test_sigterm_drains_in_flight_activities_within_the_grace_period(
     ]
     assert bool(turns_done) is drained
     await client.get_workflow_handle(launched.session_id).terminate("test over")
+
+
+# --- the worker's sticky cache (issue 14) ----------------------------------------
+
+
+def test_worker_cache_size_is_bounded_at_its_edges() -> None:
+    """BATON_WORKER_MAX_CACHED_WORKFLOWS: 0..100,000 accepted (default the SDK's 1,000)."""
+    from pydantic import ValidationError
+
+    assert Settings(_env_file=None).worker_max_cached_workflows == 1000
+    assert Settings(_env_file=None, worker_max_cached_workflows=0).worker_max_cached_workflows == 0
+    assert Settings(_env_file=None, worker_max_cached_workflows=100_000).worker_max_cached_workflows
+    for bad in (-1, 100_001):
+        with pytest.raises(ValidationError):
+            Settings(_env_file=None, worker_max_cached_workflows=bad)
+
+
+async def test_the_worker_keeps_as_many_runs_as_settings_say(
+    temporal_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`baton worker`'s services build the worker with BATON_WORKER_MAX_CACHED_WORKFLOWS."""
+    import worker.stack as stack
+
+    built: list[Worker] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Worker:
+        built.append(build_worker(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(stack, "build_worker", spy)
+    settings = Settings(
+        _env_file=None,
+        database_url=migrated(f"sqlite:///{tmp_path / 'cache.db'}"),
+        temporal_address=temporal_env.client.service_client.config.target_host,
+        task_queue=f"tq-{uuid.uuid4()}",
+        worker_max_cached_workflows=7,
+    )
+    stop = asyncio.Event()
+    stop.set()  # start, then stop at once
+    await stack.run_services(settings, stop=stop)
+    (worker,) = built
+    assert worker.config()["max_cached_workflows"] == 7
 
 
 # --- worker versioning ---------------------------------------------------------

@@ -283,6 +283,7 @@ def build_worker(
     graceful_shutdown: timedelta = timedelta(),
     deployment: WorkerDeploymentConfig | None = None,
     context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
+    max_cached_workflows: int = 1000,
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough.
 
@@ -294,6 +295,9 @@ def build_worker(
     (``BATON_WORKER_GRACEFUL_SHUTDOWN_S``). ``deployment``: Worker Versioning
     (:func:`deployment_config`), None = unversioned. ``context_messages``: the context
     window of a model call (``BATON_CONTEXT_MESSAGES``, None = the whole transcript).
+    ``max_cached_workflows``: open runs kept in memory, the SDK's sticky cache
+    (``BATON_WORKER_MAX_CACHED_WORKFLOWS``): what bounds the worker's RSS while runs
+    wait (a review, a turn), ~240 KB per run (bench/held.py, issue 14).
     """
     install_workflow_code_cache()
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
@@ -309,6 +313,7 @@ def build_worker(
         # no thread); blocking DB activities share the thread pool and queue there instead.
         activity_executor=ThreadPoolExecutor(max_workers=activity_threads),
         max_concurrent_activities=max_concurrent_activities,
+        max_cached_workflows=max_cached_workflows,
         interceptors=interceptors,
         graceful_shutdown_timeout=graceful_shutdown,
         deployment_config=deployment,

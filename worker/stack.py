@@ -235,6 +235,7 @@ async def run_services(
             graceful_shutdown=timedelta(seconds=settings.worker_graceful_shutdown_s),
             deployment=deployment_config(settings),
             context_messages=settings.context_messages or None,
+            max_cached_workflows=settings.worker_max_cached_workflows,
         )
     server = None
     if api_port is not None:

@@ -206,6 +206,9 @@ class ReviewRow(SQLModel, table=True):
     """A policy review waiting for (or settled by) a human decision (docs/xagent.md, Reviews)."""
 
     __tablename__ = "reviews"
+    # The review inbox (GET /v1/reviews?status=pending, newest first) reads one page off
+    # this index instead of sorting every pending review (issue 14: 1,000 pending).
+    __table_args__ = (sa.Index("ix_reviews_status_created_at", "status", "created_at"),)
 
     id: str = Field(primary_key=True, max_length=80)
     session_id: str = Field(index=True, max_length=80)
@@ -213,7 +216,7 @@ class ReviewRow(SQLModel, table=True):
     operation: str = Field(max_length=10)
     target_agent_slug: str | None = Field(default=None, max_length=63)
     preview: str = ""
-    status: str = Field(default="pending", max_length=20, index=True)
+    status: str = Field(default="pending", max_length=20)
     decision: str | None = Field(default=None, max_length=20)
     scope: str | None = Field(default=None, max_length=10)
     decided_by: str | None = Field(default=None, max_length=200)
