@@ -8,7 +8,9 @@ so a refusal is quick and ``baton --help`` loads neither.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
@@ -53,13 +55,21 @@ def serve(settings: Settings, main: Callable[[asyncio.Event], Awaitable[None]]) 
 
     from baton.errors import DatabaseUnavailable
 
-    with one_line_errors():
-        try:
-            run_until_signal(main)
-        except OperationalError as exc:
-            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
-            msg = f"cannot reach the database at {settings.database_url_redacted}: {reason}"
-            raise DatabaseUnavailable(msg) from exc
+    try:
+        with one_line_errors():
+            try:
+                run_until_signal(main)
+            except OperationalError as exc:
+                reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+                msg = f"cannot reach the database at {settings.database_url_redacted}: {reason}"
+                raise DatabaseUnavailable(msg) from exc
+    except typer.Exit as failed:
+        # The one line is printed. A Temporal connect abandoned at its timeout still runs
+        # in the bridge's own threads, and finalizing the interpreter under it can make it
+        # panic onto stderr (pyo3: "interpreter is not initialized"): leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(failed.exit_code)
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
