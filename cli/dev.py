@@ -4,6 +4,8 @@ dev server, a worker and the API) for a laptop, and the main job end to end on i
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,13 @@ from cli.services import serve
 from cli.sessions import follow, print_transcript, render_trace
 
 app = typer.Typer()
+
+
+def stop_cleanly_on_sigterm() -> None:
+    """SIGTERM while the embedded stack starts (before the services install their own
+    graceful handler) exits through the ``finally`` blocks, so the Temporal dev server is
+    stopped rather than orphaned; the default action killed the process outright."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 @contextlib.contextmanager
@@ -64,6 +73,8 @@ def dev(
     """The whole embedded stack: Temporal dev server, worker and API, until Ctrl-C."""
     from baton.settings import get_settings
     from worker.stack import StateLock, port_free, run_services
+
+    stop_cleanly_on_sigterm()
 
     with one_line_errors():
         settings = get_settings()
@@ -150,6 +161,8 @@ def demo(
 ) -> None:
     """The main job end to end on the embedded stack: apply, launch, stream, transcript."""
     from baton.settings import get_settings
+
+    stop_cleanly_on_sigterm()
     from worker.stack import ServicesThread, StateLock, pick_port, port_free
 
     with one_line_errors():

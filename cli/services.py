@@ -38,7 +38,7 @@ def api(
         settings.review_key()  # auth mode needs BATON_REVIEW_SECRET: say so, exit 1
         target = describe_target(temporal_connect_config(settings))
     console.print(f"API on http://{host}:{port} · Temporal {target}", soft_wrap=True)
-    serve(
+    serve_alone(
         settings,
         lambda stop: run_services(settings, stop=stop, api_host=host, api_port=port, worker=False),
     )
@@ -55,18 +55,23 @@ def serve(settings: Settings, main: Callable[[asyncio.Event], Awaitable[None]]) 
 
     from baton.errors import DatabaseUnavailable
 
+    with one_line_errors():
+        try:
+            run_until_signal(main)
+        except OperationalError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            msg = f"cannot reach the database at {settings.database_url_redacted}: {reason}"
+            raise DatabaseUnavailable(msg) from exc
+
+
+def serve_alone(settings: Settings, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """:func:`serve` for a process that owns nothing else (`baton worker`, `baton api`):
+    a failed start prints its one line and leaves at once. A Temporal connect abandoned at
+    its timeout still runs in the bridge's own threads, and finalizing the interpreter
+    under it can make it panic onto stderr (pyo3: "interpreter is not initialized")."""
     try:
-        with one_line_errors():
-            try:
-                run_until_signal(main)
-            except OperationalError as exc:
-                reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
-                msg = f"cannot reach the database at {settings.database_url_redacted}: {reason}"
-                raise DatabaseUnavailable(msg) from exc
+        serve(settings, main)
     except typer.Exit as failed:
-        # The one line is printed. A Temporal connect abandoned at its timeout still runs
-        # in the bridge's own threads, and finalizing the interpreter under it can make it
-        # panic onto stderr (pyo3: "interpreter is not initialized"): leave at once.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(failed.exit_code)
@@ -109,7 +114,7 @@ def worker() -> None:
         f"worker on task queue [bold]{settings.task_queue}[/] at {target}{versioned}",
         soft_wrap=True,
     )
-    serve(settings, lambda stop: run_services(settings, stop=stop))
+    serve_alone(settings, lambda stop: run_services(settings, stop=stop))
 
 
 @app.command()

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from tests.test_api_reviews import (
 )
 from tests.test_cli_steps import INPUT, SCHEMA, STEP_ID, invoke
 from tests.xagent_helpers import caller_playbook
-from worker.stack import free_port
+from worker.stack import free_port, port_free
 
 ROOT = Path(__file__).resolve().parents[1]
 BATON = str(Path(sys.executable).with_name("baton"))
@@ -326,7 +327,9 @@ def test_docs_render_in_a_browser_with_the_network_cut_off(stack: Stack) -> None
 
 
 def test_dev_banner_prints_the_temporal_frontend_address(tmp_path: Path) -> None:
-    """`baton dev` (a real process) prints the Temporal frontend it started in its banner."""
+    """`baton dev` (a real process) prints the Temporal frontend it started in its banner;
+    a SIGTERM right after the banner (before the services' own handler) still stops the
+    Temporal dev server it started (it was left running, orphaned)."""
     ports = [free_port() for _ in range(3)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
     env |= {"COLUMNS": "300", "NO_COLOR": "1"}
@@ -354,6 +357,10 @@ def test_dev_banner_prints_the_temporal_frontend_address(tmp_path: Path) -> None
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    deadline = time.monotonic() + 20
+    while not port_free(int(frontend)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert port_free(int(frontend)), "the Temporal dev server outlived `baton dev`"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make to read the Makefile")
