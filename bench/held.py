@@ -72,7 +72,7 @@ from baton.errors import AgentNotFound  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.storage.db import ReviewRow, init_db, make_engine, session_scope  # noqa: E402
 from bench.idle import launch_all, pct, polling, rss_mb, running  # noqa: E402
-from worker.stack import DevServer, free_port  # noqa: E402
+from worker.stack import DevServer, free_port, stop_process  # noqa: E402
 
 IDLE_AGENT = "held-bench-idle"
 LISTER_AGENT = "held-bench-lister"
@@ -135,12 +135,7 @@ def child(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproces
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=30)
         out.close()
 
 

@@ -66,7 +66,7 @@ from baton.errors import AgentNotFound, EngineUnavailable  # noqa: E402
 from baton.runs import launch  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.storage.db import init_db, make_engine, session_scope  # noqa: E402
-from worker.stack import DevServer, free_port  # noqa: E402
+from worker.stack import DevServer, free_port, stop_process  # noqa: E402
 
 AGENT = "idle-bench"
 #: The parts of a restart that ``--restart-parts`` times.
@@ -271,11 +271,7 @@ async def phase(
         figures["after_probe"] = rss_mb(proc.pid)
         return figures
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout=30)
         log.close()
 
 

@@ -52,7 +52,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 from baton.storage.db import EventRow, MessageRow, SessionRow, make_engine, session_scope  # noqa: E402
-from worker.stack import DevServer, free_port  # noqa: E402
+from worker.stack import DevServer, free_port, stop_process  # noqa: E402
 
 AGENT = "slow-streamer"
 
@@ -73,18 +73,6 @@ def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
         stdout=out,
         stderr=subprocess.STDOUT,
     )
-
-
-def stop(proc: subprocess.Popen[bytes] | None) -> None:
-    """Terminate a child we started (SIGTERM, then SIGKILL after 15 s)."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
 
 
 def chunks(engine: Engine, session_ids: list[str]) -> dict[str, list[tuple[int, datetime]]]:
@@ -168,7 +156,7 @@ def stack(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, str],
         wait(api_up, 60, "the API")
         yield env, base, engine
     finally:
-        stop(api)
+        stop_process(api)
         engine.dispose()
         server.stop()
 
@@ -222,8 +210,8 @@ def one_round(
             resumed.append((min(later) - killed_at).total_seconds())
         return resumed, list(done.values())
     finally:
-        stop(first)
-        stop(second)
+        stop_process(first)
+        stop_process(second)
 
 
 def publish(base: str, args: argparse.Namespace) -> None:

@@ -32,7 +32,7 @@ from tests.test_api_reviews import (
 )
 from tests.test_cli_steps import INPUT, SCHEMA, STEP_ID, invoke
 from tests.xagent_helpers import caller_playbook
-from worker.stack import free_port, port_free
+from worker.stack import free_port, port_free, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 BATON = str(Path(sys.executable).with_name("baton"))
@@ -351,12 +351,7 @@ def test_dev_banner_prints_the_temporal_frontend_address(tmp_path: Path) -> None
                 break
         assert f"Temporal 127.0.0.1:{frontend}  Temporal UI http://" in banner, banner
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=30)
     deadline = time.monotonic() + 20
     while not port_free(int(frontend)) and time.monotonic() < deadline:
         time.sleep(0.1)

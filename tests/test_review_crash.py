@@ -24,6 +24,19 @@ from baton.storage.db import AuditRow, MessageRow, ReviewRow, SessionRow, sessio
 from tests.helpers import publish, status, wait_for
 from tests.test_fault import ROOT, start_worker, worker_env
 from tests.xagent_helpers import caller_playbook, set_policy
+from worker.stack import stop_process
+
+
+def crash_worker(stage: str, marker: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A worker (tests/crash_worker.py) that SIGKILLs itself right after ``stage`` ran,
+    touching ``marker`` first."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.crash_worker", stage, str(marker)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def test_a_retried_authorize_keeps_the_review_it_opened(
@@ -39,13 +52,7 @@ async def test_a_retried_authorize_keeps_the_review_it_opened(
     queue = f"tq-{uuid.uuid4()}"
     env = worker_env(db_url, temporal_env, queue)
     marker = tmp_path / "killed"
-    crashing = subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_worker", "authorize", str(marker)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    crashing = crash_worker("authorize", marker, env)
     second: subprocess.Popen[bytes] | None = None
     try:
         launched = await launch_session(
@@ -94,13 +101,7 @@ async def test_a_retried_authorize_keeps_the_review_it_opened(
             assert len(ran) == 1
     finally:
         for proc in (crashing, second):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:  # a loaded machine drains slowly: end it
-                    proc.kill()
-                    proc.wait(timeout=15)
+            stop_process(proc)
 
 
 @pytest.mark.slow
@@ -117,13 +118,7 @@ async def test_a_worker_killed_after_a_reviewed_list_ran_records_it_once(
     queue = f"tq-{uuid.uuid4()}"
     env = worker_env(db_url, temporal_env, queue)
     marker = tmp_path / "killed"
-    crashing = subprocess.Popen(
-        [sys.executable, "-m", "tests.crash_worker", "settle_review", str(marker)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    crashing = crash_worker("settle_review", marker, env)
     second: subprocess.Popen[bytes] | None = None
     try:
         launched = await launch_session(
@@ -163,13 +158,7 @@ async def test_a_worker_killed_after_a_reviewed_list_ran_records_it_once(
         assert "xagent_tool" not in scheduled
     finally:
         for proc in (crashing, second):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:  # a loaded machine drains slowly: end it
-                    proc.kill()
-                    proc.wait(timeout=15)
+            stop_process(proc)
 
 
 def _pending(engine: Engine) -> list[ReviewRow]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import uvicorn
 
@@ -32,6 +32,19 @@ log = logging.getLogger("baton.stack")
 #: The dev server's one history shard polls its transfer queue 20 times a second by
 #: default, so every workflow task after an activity waited up to 50 ms (bench/).
 DEV_SERVER_TUNING = ["--dynamic-config-value", "history.transferProcessorMaxPollRPS=10000"]
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 15) -> None:
+    """Stop a child process: SIGTERM, up to ``timeout`` seconds to exit, then SIGKILL
+    (a loaded machine may drain slowly). Nothing for None or a process already gone."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def temporal_binary() -> Path:
@@ -135,14 +148,7 @@ class DevServer:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self._proc is None:
-            return
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        stop_process(self._proc)
         self._proc = None
 
 
