@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Not --quiet: the first install takes a minute or two, and pip's progress shows it is
-# working (issue 12, item 7: the newcomer's first `make demo` looked stuck).
+# working (a silent first `make demo` looks stuck).
 $(STAMP): pyproject.toml | $(BIN)/python
 	@echo "Installing Baton and its dependencies into $(VENV)/ (first run: a minute or two) ..."
 	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
@@ -30,15 +30,18 @@ typecheck: $(STAMP)
 
 # The suite runs in PYTEST_WORKERS xdist processes: most of a test's time is spent waiting on
 # Temporal, timers and child processes, so two processes on two cores roughly halve the wall
-# time. The process-heavy fault tests share one group (tests/conftest.py). PYTEST_WORKERS=0
+# time. The process-heavy fault tests share one group (tests/xdist_groups.py). PYTEST_WORKERS=0
 # runs everything in this process.
 PYTEST_WORKERS ?= 2
 
 test: lint typecheck
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
+# Ports: `make demo PORT=8010 TEMPORAL_PORT=7300 UI_PORT=8300` (API, Temporal frontend,
+# Temporal Web UI); each left out is its default (8000, 7233, 8233) or a free one. The
+# demo exits non-zero when any step fails.
 demo: $(STAMP)
-	$(BIN)/baton demo
+	$(BIN)/baton demo$(if $(PORT), --port $(PORT))$(if $(TEMPORAL_PORT), --temporal-port $(TEMPORAL_PORT))$(if $(UI_PORT), --ui-port $(UI_PORT))
 
 # The docs site into site/: first the generated pages (settings, CLI and API reference,
 # see docs/gen.py), then mkdocs with the Material theme; --strict fails on any warning.

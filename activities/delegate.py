@@ -24,30 +24,37 @@ from sqlmodel import Session
 from temporalio import activity
 from temporalio.client import Client
 
+from activities.mcp_tools import discover
 from activities.outcomes import cancelled_outcome, heartbeating, store_result, stored_outcome
 from activities.xagent import SessionNotContinuable, SessionOfOtherAgent, refuse
 from baton import telemetry
 from baton.agents import registry, teams
-from baton.contracts import (
-    CLOSED_STATUSES,
-    LIMIT_EXCEEDED,
-    MAX_MESSAGE_CHARS,
+from baton.contracts.activity_io import (
     DelegateInput,
-    Provenance,
-    ResolvedAgent,
-    ResolvedLimits,
     RouteDecision,
     RouteInput,
-    TeamSnapshot,
-    ToolCall,
     ToolMessage,
     ToolOutcome,
+)
+from baton.contracts.codes import LIMIT_EXCEEDED
+from baton.contracts.values import (
+    CLOSED_STATUSES,
+    MAX_MESSAGE_CHARS,
+    ResolvedAgent,
+    ResolvedLimits,
+    TeamSnapshot,
+    ToolCall,
     delegated_session_id,
 )
+from baton.contracts.workflow_io import Provenance
 from baton.errors import BatonError, EngineUnavailable, TurnCancelled
+from baton.evals import replay
+from baton.outbound import OPEN, OutboundPolicy
 from baton.permissions import gate
-from baton.runs import launch, run_tree, session_store
+from baton.runs import exhibits, launch, run_tree, session_store
 from baton.storage.db import DelegationRow, SessionRow, session_scope
+from baton.workspaces.sharing import SHARING_KINDS, workspace_of
+from baton.workspaces.store import workspace_for
 
 #: Longest inline reply a delegation returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
@@ -148,7 +155,7 @@ def _check_limits(session: Session, inp: DelegateInput, root: str) -> None:
                 f"this run already started {spawned} sessions (max_spawns {limits.max_spawns})",
             )
     if limits.token_budget is not None:
-        # Used + reserved by model calls in flight (issue 10 item 6): the one budget rule.
+        # Used + reserved by model calls in flight: the one budget rule.
         try:
             run_tree.admit_tokens(session, root_session_id=root, token_budget=limits.token_budget)
         except run_tree.BudgetExhausted as exc:
@@ -169,29 +176,91 @@ def _with_memories(session: Session, team: TeamSnapshot, task: str) -> str:
     return task + block[:room] if room > len(block) // 2 else task
 
 
+def _child_session_id(s: Session, inp: DelegateInput) -> str:
+    """The session a delegation runs in: for invoke_agent with ``session_id``, that session
+    (it must be the target's, not closed and not a sandbox session: SessionOfOtherAgent,
+    SessionNotContinuable);
+    else the one derived from the delegation id, so a retry attaches to the same child."""
+    if inp.kind != "invoke" or inp.session_id is None:
+        return delegated_session_id(inp.delegation_id)
+    row = session_store.get_session(s, session_id=inp.session_id)
+    if row.agent_slug != inp.target:
+        raise SessionOfOtherAgent(
+            f"session '{row.id}' is a session of '{row.agent_slug}', not '{inp.target}'"
+        )
+    if row.status in CLOSED_STATUSES:
+        raise SessionNotContinuable(f"session '{row.id}' is {row.status}")
+    if row.sandbox:  # it runs a draft, which only its author reaches
+        raise SessionNotContinuable(f"session '{row.id}' is a sandbox session")
+    return inp.session_id
+
+
+def _provenance(
+    inp: DelegateInput, root: str, *, team_member: bool, workspace_id: str | None
+) -> Provenance:
+    """The provenance of the session a delegation starts: who, from where, in which run,
+    what it may not do (a team member cannot re-delegate; Solo disables delegation) and
+    the workspace it works in (``workspace_id``; None: its own)."""
+    return Provenance(
+        created_by_user=inp.user,
+        invoked_by_agent=inp.tool.agent_slug,
+        parent_session_id=inp.caller_session_id,
+        team=inp.team.id if inp.team else None,
+        depth=inp.depth,
+        root_session_id=root,
+        delegation_id=inp.delegation_id,
+        delegation_kind=inp.kind,
+        disable_delegation=inp.disable_delegation,
+        team_member=team_member,
+        run_limits=inp.run_limits,
+        workspace_id=workspace_id,
+    )
+
+
+def _workspace(s: Session, inp: DelegateInput, ref: str, agent: ResolvedAgent | None) -> str | None:
+    """The workspace the delegation's child works in (the sharing rule,
+    :func:`baton.workspaces.sharing.workspace_of`): the target's resolved
+    ``workspace_sharing`` (a subagent node's agent, or ``ref`` resolved) decides."""
+    if inp.kind not in SHARING_KINDS:
+        return None
+    target = agent or registry.resolve_agent(s, ref=ref)
+    return workspace_of(
+        kind=inp.kind,
+        sharing=target.workspace_sharing,
+        caller_workspace=workspace_for(s, inp.caller_session_id),
+    )
+
+
 class DelegationActivities:
     """``delegate`` and ``cancel_delegations``, built with the DB engine and a client."""
 
-    def __init__(self, engine: Engine, client: Client) -> None:
+    def __init__(self, engine: Engine, client: Client, *, outbound: OutboundPolicy = OPEN) -> None:
         self._engine = engine
         self._client = client
+        #: Where a subagent node's MCP servers may be reached (Settings.outbound_policy).
+        self._outbound = outbound
+
+    async def _with_mcp_tools(self, agent: ResolvedAgent | None) -> ResolvedAgent | None:
+        """``agent`` (a subagent node's configuration) with its MCP servers' tools discovered
+        and narrowed by the node's tool lists. A node's child starts with the configuration
+        it is given and never runs ``load_agent``, which discovers them for a pin; without
+        this the child was offered none of its servers' tools."""
+        if agent is None or not agent.mcp_servers or agent.mcp_tools:
+            return agent
+        tools = await discover(
+            agent.mcp_servers,
+            allowed=agent.allowed_tools,
+            blocked=agent.blocked_tools,
+            policy=self._outbound,
+        )
+        return agent.model_copy(update={"mcp_tools": tools})
 
     def _plan(self, inp: DelegateInput) -> Plan:
         """Check the bounds, record the delegation, and say what to start. Raises Refused."""
         caller = inp.tool.agent_slug
         root = inp.root_session_id or inp.caller_session_id
         with session_scope(self._engine) as s:
-            if inp.kind == "invoke" and inp.session_id is not None:
-                row = session_store.get_session(s, session_id=inp.session_id)
-                if row.agent_slug != inp.target:
-                    raise SessionOfOtherAgent(
-                        f"session '{row.id}' is a session of '{row.agent_slug}', not '{inp.target}'"
-                    )
-                if row.status in CLOSED_STATUSES:
-                    raise SessionNotContinuable(f"session '{row.id}' is {row.status}")
-                child_id = inp.session_id
-            else:
-                child_id = delegated_session_id(inp.delegation_id)
+            child_id = _child_session_id(s, inp)
             existing = s.get(DelegationRow, inp.delegation_id)
             agent: ResolvedAgent | None = None
             ref = inp.target
@@ -224,6 +293,7 @@ class DelegationActivities:
             if decision.member is not None and inp.team is not None:
                 ref = decision.member.pin
                 prompt = _with_memories(s, inp.team, inp.prompt)
+            workspace_id = _workspace(s, inp, ref, agent)
             if existing is None:
                 # Serialise this run's delegations: count-then-insert must not interleave, or
                 # parallel delegate_to calls could all pass max_spawns / token_budget.
@@ -248,19 +318,6 @@ class DelegationActivities:
                     "shared_channel": inp.team.shared_channel if inp.team else None,
                 },
             )
-        provenance = Provenance(
-            created_by_user=inp.user,
-            invoked_by_agent=caller,
-            parent_session_id=inp.caller_session_id,
-            team=inp.team.id if inp.team else None,
-            depth=inp.depth,
-            root_session_id=root,
-            delegation_id=inp.delegation_id,
-            delegation_kind=inp.kind,
-            disable_delegation=inp.disable_delegation,
-            team_member=team_member,
-            run_limits=inp.run_limits,
-        )
         label = "Invoked by" if inp.kind == "invoke" else "Delegated by"
         return Plan(
             session_id=child_id,
@@ -268,7 +325,7 @@ class DelegationActivities:
             ref=ref,
             prompt=prompt,
             agent=agent,
-            provenance=provenance,
+            provenance=_provenance(inp, root, team_member=team_member, workspace_id=workspace_id),
             name=f"{label} {caller}" if inp.kind != "task" else f"Task {inp.alias} from {caller}",
             continue_existing=inp.kind == "invoke" and inp.session_id is not None,
         )
@@ -294,6 +351,9 @@ class DelegationActivities:
         done = await asyncio.to_thread(self._stored, tool.message_id)
         if done is not None:
             return done
+        answered = await asyncio.to_thread(self._replayed, tool)
+        if answered is not None:
+            return answered
         sync = inp.sync or inp.kind != "invoke"
         async with heartbeating():
             try:
@@ -322,7 +382,7 @@ class DelegationActivities:
                         name=plan.name,
                         session_id=plan.session_id,
                         update_id=inp.delegation_id,
-                        agent=plan.agent,
+                        agent=await self._with_mcp_tools(plan.agent),
                     )
                     reply = launched.response
             except Refused as exc:
@@ -341,7 +401,7 @@ class DelegationActivities:
             except BatonError as exc:
                 text = f"{tool.call.name} failed ({exc.code}): {exc.detail}"
                 return await asyncio.to_thread(self._store, tool, text, False, inp)
-        telemetry.count_delegation(kind=inp.kind)  # issue 12 item 6: once it has started
+        telemetry.count_delegation(kind=inp.kind)  # once it has started
         reply = reply or ""
         if inp.kind == "invoke":
             result: dict[str, Any] = {
@@ -350,6 +410,12 @@ class DelegationActivities:
             }
             if sync:
                 result["response"] = _cut(reply)
+            if inp.edited_by is not None:
+                result["note"] = (
+                    f"the reviewer ({inp.edited_by}) edited your message; {inp.target} "
+                    "received the edited prompt"
+                )
+                result["sent_prompt"] = _cut(inp.prompt)
             text = json.dumps(result, ensure_ascii=False)
         else:
             text = _cut(reply)
@@ -366,6 +432,16 @@ class DelegationActivities:
             if session_store.is_closed(s, session_id=tool.session_id):
                 return cancelled_outcome(tool)
             return refuse(s, tool, decision, "invoke", target, via)
+
+    def _replayed(self, tool: ToolMessage) -> ToolOutcome | None:
+        """An eval's replay never makes another agent run: the recorded result of the same
+        call, or its refusal (:func:`baton.evals.replay.answer_delegation`); None for an
+        ordinary session."""
+        with session_scope(self._engine) as s:
+            answer = replay.answer_delegation(
+                s, session_id=tool.session_id, name=tool.call.name, args=tool.call.args
+            )
+            return None if answer is None else store_result(s, tool, answer.text, ok=answer.ok)
 
     def _stored(self, message_id: str) -> ToolOutcome | None:
         with session_scope(self._engine) as s:
@@ -394,13 +470,18 @@ class DelegationActivities:
                 return cancelled_outcome(tool)
             if inp is not None and finished:
                 status = "completed" if ok else "cancelled" if cancelled else "failed"
+                # What the delegation showed the person is on its card already: the result
+                # says so, so the delegator does not show it again (docs/exhibits.md).
+                wires, shown = exhibits.of_delegation(s, inp.delegation_id)
                 run_tree.finish(
                     s,
                     delegation_id=inp.delegation_id,
                     status=status,
                     result=reply if ok else "",
                     error=None if ok else text,
+                    exhibits=wires,
                 )
+                text += exhibits.already_displayed(wires, shown, inp.target or inp.alias or "it")
                 if ok and inp.team is not None and inp.kind != "invoke":
                     teams.remember(
                         s,
@@ -476,7 +557,7 @@ class DelegationActivities:
         targets = await asyncio.to_thread(open_children)
         for child in targets:
             # The one cancel of a session: a child whose run completed idle has no run to
-            # cancel, and Temporal takes a cancel of a closed run as a no-op (issue 12).
+            # cancel, and Temporal takes a cancel of a closed run as a no-op.
             # EngineUnavailable (Temporal refused) fails the attempt: it is retried.
             await launch.cancel_session(self._client, self._engine, session_id=child)
         await asyncio.to_thread(record_cancelled)

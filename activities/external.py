@@ -1,4 +1,4 @@
-"""Activities of external sessions (issue 13, docs/mcp.md): store the messages an outside
+"""Activities of external sessions (docs/mcp.md): store the messages an outside
 process posts to its own transcript, under the id and position its workflow chose."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 from temporalio import activity
 
-from baton.contracts import ExternalMessageInput
+from baton.contracts.activity_io import ExternalMessageInput
 from baton.runs import session_store
 from baton.storage.db import session_scope
 

@@ -1,4 +1,4 @@
-"""Inquiry activities: the ambassador's model calls and its read-only tool belt (issue 15).
+"""Inquiry activities: the ambassador's model calls and its read-only tool belt.
 
 They reuse the session's model-turn machinery (the pydantic-ai model builder, the
 scripted model and its playbook, the message rebuilder, the provider error
@@ -11,7 +11,6 @@ Activity names are explicit and stable.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import time
 from collections.abc import Callable
@@ -29,19 +28,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.outcomes import PREVIEW_CHARS, heartbeating
-from activities.turns import _classify, _tool_call, to_model_messages
+from activities.turns import _classify, _tool_call, reply_usage, to_model_messages
 from baton.agents import registry
-from baton.contracts import (
-    BALANCE_EXHAUSTED,
+from baton.contracts.activity_io import (
     InquiryFinish,
     InquiryToolInput,
     InquiryTurnInput,
     ModelTurnResult,
-    ResolvedAgent,
-    ToolCall,
     ToolOutcome,
-    Usage,
 )
+from baton.contracts.values import ResolvedAgent, ToolCall, Usage
 from baton.errors import BatonError
 from baton.providers.models import build_model, model_name
 from baton.runs import inquiries, metering
@@ -157,7 +153,7 @@ class InquiryActivities:
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
         # With the activity's context, as asyncio.to_thread does: metering's counters see
-        # the activity's metric meter (issue 12, item 6).
+        # the activity's metric meter.
         ctx = contextvars.copy_context()
         return await asyncio.get_running_loop().run_in_executor(self._db, ctx.run, fn, *args)
 
@@ -167,12 +163,7 @@ class InquiryActivities:
             if done is not None:
                 calls = [ToolCall.model_validate(c) for c in done.tool_calls or []]
                 return ModelTurnResult(message_id=done.id, tool_calls=calls), None, None
-            if metering.exhausted(s):
-                raise ApplicationError(
-                    f"{BALANCE_EXHAUSTED}: the organisation balance is spent",
-                    type=BALANCE_EXHAUSTED,
-                    non_retryable=True,
-                )
+            metering.admit_call(s)
             try:
                 agent = registry.resolve_agent(s, ref=inp.inquiry.ambassador_pin)
             except BatonError as exc:
@@ -198,7 +189,7 @@ class InquiryActivities:
                 model=model,
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
-                cost_usd=usage.cost_usd,  # None: unpriced (issue 12, item 7)
+                cost_usd=usage.cost_usd,  # None: unpriced
             )
             inquiries.add_step(
                 s,
@@ -251,23 +242,7 @@ class InquiryActivities:
                 raise mapped from exc
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
             calls = [_tool_call(p) for p in response.parts if isinstance(p, ToolCallPart)]
-            cost: float | None = None
-            with contextlib.suppress(Exception):  # unknown model/provider: no price known
-                cost = float(response.cost().total_price)
-            if cost is None:
-                cost = metering.price_cost(
-                    inp.inquiry.prices,
-                    name,
-                    response.usage.input_tokens,
-                    response.usage.output_tokens,
-                )
-            usage = Usage(
-                requests=1,
-                input_tokens=response.usage.input_tokens,
-                output_tokens=response.usage.output_tokens,
-                cost_usd=cost,
-                wall_ms=int((time.monotonic() - started) * 1000),
-            )
+            usage = reply_usage(response, inp.inquiry.prices, name, started)
             await self._in_db(self._persist, inp, text, calls, usage, name)
             return ModelTurnResult(
                 message_id=inp.message_id,

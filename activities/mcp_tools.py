@@ -1,4 +1,4 @@
-"""Remote MCP servers as tools of Baton's agents (issue 13, item 4; docs/mcp.md).
+"""Remote MCP servers as tools of Baton's agents (docs/mcp.md).
 
 An agent spec lists ``mcp_servers: [{name, url, headers?}]`` (streamable HTTP).
 Their tools are discovered once, when the session loads (:func:`discover_sync`,
@@ -31,8 +31,12 @@ from mcp_types import TextContent
 from sqlalchemy.engine import Engine
 from temporalio import activity
 
+from activities.outbound_http import http_client
 from activities.outcomes import store_result, stored_outcome
-from baton.contracts import McpServerRef, McpToolInput, McpToolSnapshot, ToolOutcome
+from baton.contracts.activity_io import McpToolInput, ToolOutcome
+from baton.contracts.values import McpServerRef, McpToolSnapshot
+from baton.evals import replay
+from baton.outbound import OPEN, OutboundPolicy
 from baton.storage.db import session_scope
 
 #: Seconds to connect to a server, and to list all servers' tools when a session loads.
@@ -92,13 +96,21 @@ def resolve_headers(headers: Mapping[str, str], env: Mapping[str, str]) -> dict[
     return out
 
 
+def _http_client(headers: dict[str, str], timeout: float, policy: OutboundPolicy) -> Any:
+    """The HTTP client of one MCP connection, under the outbound rule
+    (:func:`activities.outbound_http.http_client`)."""
+    return http_client(
+        policy, headers=headers, timeout=httpx2.Timeout(CONNECT_TIMEOUT_S, read=timeout)
+    )
+
+
 @asynccontextmanager
-async def _connect(server: McpServerRef, timeout: float) -> AsyncIterator[ClientSession]:
+async def _connect(
+    server: McpServerRef, timeout: float, policy: OutboundPolicy
+) -> AsyncIterator[ClientSession]:
     headers = resolve_headers(server.headers, os.environ)
     async with (
-        httpx2.AsyncClient(
-            headers=headers, timeout=httpx2.Timeout(CONNECT_TIMEOUT_S, read=timeout)
-        ) as http,
+        _http_client(headers, timeout, policy) as http,
         streamable_http_client(server.url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
@@ -111,10 +123,13 @@ def _usable(name: str, allowed: list[str] | None, blocked: list[str]) -> bool:
 
 
 async def _list(
-    server: McpServerRef, allowed: list[str] | None, blocked: list[str]
+    server: McpServerRef, allowed: list[str] | None, blocked: list[str], policy: OutboundPolicy
 ) -> list[McpToolSnapshot]:
     try:
-        async with asyncio.timeout(DISCOVERY_TIMEOUT_S), _connect(server, DISCOVERY_TIMEOUT_S) as c:
+        async with (
+            asyncio.timeout(DISCOVERY_TIMEOUT_S),
+            _connect(server, DISCOVERY_TIMEOUT_S, policy) as c,
+        ):
             listed = await c.list_tools()
     except Exception as exc:  # any failure of a remote server is data, not a crash
         activity.logger.warning("MCP server %s: %s", server.name, _why(exc))
@@ -132,20 +147,29 @@ async def _list(
 
 
 async def discover(
-    servers: list[McpServerRef], *, allowed: list[str] | None, blocked: list[str]
+    servers: list[McpServerRef],
+    *,
+    allowed: list[str] | None,
+    blocked: list[str],
+    policy: OutboundPolicy = OPEN,
 ) -> list[McpToolSnapshot]:
     """Every server's tools, narrowed by ``allowed`` / ``blocked`` (qualified names), listed
-    in parallel within :data:`DISCOVERY_TIMEOUT_S`. A server that
-    cannot be listed yields one snapshot with ``error`` and no tools."""
-    found = await asyncio.gather(*(_list(m, allowed, blocked) for m in servers))
+    in parallel within :data:`DISCOVERY_TIMEOUT_S`, each connection under ``policy`` (the
+    worker's :meth:`baton.settings.Settings.outbound_policy`). A server that cannot be
+    listed, or that the policy refuses, yields one snapshot with ``error`` and no tools."""
+    found = await asyncio.gather(*(_list(m, allowed, blocked, policy) for m in servers))
     return [snap for snaps in found for snap in snaps]
 
 
 def discover_sync(
-    servers: list[McpServerRef], *, allowed: list[str] | None, blocked: list[str]
+    servers: list[McpServerRef],
+    *,
+    allowed: list[str] | None,
+    blocked: list[str],
+    policy: OutboundPolicy = OPEN,
 ) -> list[McpToolSnapshot]:
     """:func:`discover` from a sync activity (its own event loop in the activity's thread)."""
-    return asyncio.run(discover(servers, allowed=allowed, blocked=blocked))
+    return asyncio.run(discover(servers, allowed=allowed, blocked=blocked, policy=policy))
 
 
 def _why(exc: BaseException) -> str:
@@ -167,10 +191,12 @@ def check_arguments(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
 
 
 class McpToolActivities:
-    """The ``mcp_tool`` activity, built with the DB engine (worker/factory.py)."""
+    """The ``mcp_tool`` activity, built with the DB engine and the worker's outbound policy
+    (worker/factory.py)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, policy: OutboundPolicy = OPEN) -> None:
         self._engine = engine
+        self._policy = policy
 
     def _store(self, inp: McpToolInput, text: str, ok: bool) -> ToolOutcome:
         with session_scope(self._engine) as s:
@@ -183,15 +209,29 @@ class McpToolActivities:
         with session_scope(self._engine) as s:
             return stored_outcome(s, message_id)
 
+    def _replayed(self, inp: McpToolInput) -> ToolOutcome | None:
+        """An eval's replay answers the call from the recording
+        (:func:`baton.evals.replay.answer_tool`); None: call the server."""
+        call = inp.tool.call
+        with session_scope(self._engine) as s:
+            answer = replay.answer_tool(
+                s, session_id=inp.tool.session_id, name=call.name, args=call.args
+            )
+            return None if answer is None else store_result(s, inp.tool, answer.text, ok=answer.ok)
+
     @activity.defn(name="mcp_tool")
     async def mcp_tool(self, inp: McpToolInput) -> ToolOutcome:
         """Call ``<server>.<tool>`` once its arguments match the input schema; store the
         result (text content joined) or the error as the tool message. Never raises for
-        the server's sake: ``invalid_arguments``, ``mcp_unreachable``, ``mcp_tool_error``
-        are the model's tool errors."""
+        the server's sake: ``invalid_arguments``, ``mcp_unreachable`` (a server down, or an
+        address the outbound policy refuses), ``mcp_tool_error`` are the model's tool
+        errors."""
         done = await asyncio.to_thread(self._done, inp.tool.message_id)
         if done is not None:
             return done
+        answered = await asyncio.to_thread(self._replayed, inp)
+        if answered is not None:
+            return answered
         args = inp.tool.call.args
         problems = check_arguments(inp.input_schema, args)
         if problems is not None:
@@ -203,7 +243,7 @@ class McpToolActivities:
         limit = activity.info().start_to_close_timeout
         budget = 0.8 * (limit.total_seconds() if limit else 60.0)
         try:
-            async with _connect(inp.server, budget) as session:
+            async with _connect(inp.server, budget, self._policy) as session:
                 result = await asyncio.wait_for(session.call_tool(inp.name, args), budget)
         except HeaderUnresolved as exc:
             return await asyncio.to_thread(self._store, inp, f"mcp_unreachable: {exc}", False)

@@ -18,7 +18,7 @@ from typing import Any
 from sqlmodel import Session
 from temporalio import activity
 
-from baton.contracts import ToolMessage, ToolOutcome
+from baton.contracts.activity_io import ToolInput, ToolMessage, ToolOutcome
 from baton.runs import run_tree, session_store
 
 #: Characters of a result kept in the ToolOutcome the workflow sees (the full text is in
@@ -59,8 +59,8 @@ async def heartbeating(details: Callable[[], tuple[Any, ...]] = tuple) -> AsyncI
 @contextlib.contextmanager
 def heartbeating_thread() -> Iterator[None]:
     """:func:`heartbeating` for a sync activity: a thread beats while the body runs, so a
-    lost worker's tool call is retried after the heartbeat timeout, not its start-to-close
-    (issue 10, item 10). ``activity.heartbeat`` is thread-safe in sync activities; the
+    lost worker's tool call is retried after the heartbeat timeout, not its start-to-close.
+    ``activity.heartbeat`` is thread-safe in sync activities; the
     thread runs in a copy of the activity's context to find it."""
     interval = _beat_interval()
     stop = threading.Event()
@@ -94,10 +94,17 @@ def cancelled_outcome(tool: ToolMessage) -> ToolOutcome:
 
 
 def store_result(
-    s: Session, tool: ToolMessage, text: str, *, ok: bool, duration_ms: int | None = None
+    s: Session,
+    tool: ToolMessage,
+    text: str,
+    *,
+    ok: bool,
+    duration_ms: int | None = None,
+    tool_args: dict[str, Any] | None = None,
 ) -> ToolOutcome:
     """Store a tool call's result (or error) as the ``tool`` message the model will read,
-    and forward it to the run's root when the session runs a delegation.
+    and forward it to the run's root when the session runs a delegation. ``tool_args``:
+    what the message keeps of the call's arguments (default: the call's own).
 
     Writes nothing once the session is cancelled or failed: a running activity learns of
     a cancel only at its next heartbeat, and nothing may land after ``cancelled``.
@@ -114,7 +121,7 @@ def store_result(
         text=text,
         tool_name=tool.call.name,
         tool_call_id=tool.call.id,
-        tool_args=tool.call.args,
+        tool_args=tool.call.args if tool_args is None else tool_args,
         is_error=not ok,
     )
     run_tree.forward(
@@ -130,3 +137,29 @@ def store_result(
         },
     )
     return ToolOutcome(message_id=tool.message_id, ok=ok, preview=text[:PREVIEW_CHARS])
+
+
+def call_message(inp: ToolInput) -> ToolMessage:
+    """Where the result of the call a ``run_tool`` or ``workspace_tool`` input names goes."""
+    return ToolMessage(
+        session_id=inp.session_id,
+        agent_slug=inp.agent_slug,
+        message_id=inp.message_id,
+        position=inp.position,
+        call=inp.call,
+    )
+
+
+def store_call_result(
+    s: Session,
+    inp: ToolInput,
+    text: str,
+    *,
+    ok: bool,
+    duration_ms: int | None = None,
+    tool_args: dict[str, Any] | None = None,
+) -> ToolOutcome:
+    """:func:`store_result` for the call a ``run_tool`` or ``workspace_tool`` input names."""
+    return store_result(
+        s, call_message(inp), text, ok=ok, duration_ms=duration_ms, tool_args=tool_args
+    )

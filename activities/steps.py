@@ -1,5 +1,5 @@
 """Activities of AgentStepWorkflow: check a deliverable against its JSON Schema and
-record the step's state (issue 6; Xema Agent Concepts 'One Agent, two execution experiences')."""
+record the step's state (Xema Agent Concepts 'One Agent, two execution experiences')."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ from sqlalchemy.engine import Engine
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from baton.contracts import STEP_CLOSED, DeliverableCheck, DeliverableResult, StepUpdate
+from baton.contracts.activity_io import (
+    DeliverableCheck,
+    DeliverableResult,
+    EditCheck,
+    StepUpdate,
+)
+from baton.contracts.values import STEP_CLOSED
 from baton.errors import BatonError
 from baton.payloads import (
     MAX_PAYLOAD_DEPTH,
@@ -22,6 +28,7 @@ from baton.payloads import (
 )
 from baton.runs import deliverables, session_store
 from baton.storage.db import StepRow, session_scope, utcnow
+from baton.webhooks import events as webhook_events
 
 #: Validation errors fed back to the model per attempt, and the length of each.
 MAX_ERRORS = 10
@@ -40,7 +47,7 @@ def parse_deliverable(text: str, schema: dict[str, Any] | None) -> DeliverableRe
     without a schema, the text itself.
 
     Everything wrong with the reply comes back as ``ok=False`` with errors to feed back to
-    the model, never as an exception (a retry would fail the same way: issue 10, item 8):
+    the model, never as an exception (a retry would fail the same way):
     not JSON, nested past ``MAX_PAYLOAD_DEPTH``, larger than ``MAX_RESULT_BYTES`` once
     encoded, or not valid (a pattern that times out is a validation error too, see
     :mod:`baton.runs.deliverables`). A schema that cannot be applied raises a non-retryable
@@ -99,16 +106,33 @@ class StepActivities:
             text = row.text if row else ""
         return ensure_fits(parse_deliverable(text, inp.output_schema), what="deliverable check")
 
+    @activity.defn(name="check_edited_deliverable")
+    def check_edited_deliverable(self, inp: EditCheck) -> DeliverableResult:
+        """Whether a handoff's edited deliverable is acceptable
+        (:func:`baton.runs.deliverables.check_edit`, the check the API makes before it
+        signals): ``ok``, or ``ok=False`` with why, for a Signal that bypassed the API.
+        No I/O; an activity because the check's pattern budget reads the clock."""
+        try:
+            deliverables.check_edit(inp.decision, inp.output_schema)
+        except BatonError as exc:  # InvalidEdit
+            return _refused(exc.detail[:MAX_ERROR_CHARS])
+        except Exception as exc:  # a schema that cannot be applied: the edit is not taken
+            return _refused(f"the edit could not be checked: {str(exc)[:MAX_ERROR_CHARS]}")
+        return DeliverableResult(ok=True)
+
     @activity.defn(name="update_step")
     def update_step(self, inp: StepUpdate) -> None:
-        """Record the step's status, attempts, deliverable and error (closed states are final)."""
+        """Record the step's status, attempts, deliverable and error (closed states are final),
+        and the webhook events of the change (handoff opened or resolved, step failed)."""
         with session_scope(self._engine) as s:
             row = s.get(StepRow, inp.step_id)
             if row is None or row.status in STEP_CLOSED:
                 return
+            before = row.status
             row.status = inp.status
             row.attempts = inp.attempts
             row.deliverable = inp.deliverable
             row.error = inp.error
             row.updated_at = utcnow()
             s.add(row)
+            webhook_events.step_changed(s, row, before=before, deadline=inp.handoff_deadline)

@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from pydantic_ai.direct import model_request_stream
@@ -25,6 +26,7 @@ from pydantic_ai.messages import (
     ModelRequestPart,
     ModelResponse,
     ModelResponsePart,
+    ModelResponseStreamEvent,
     PartDeltaEvent,
     PartStartEvent,
     SystemPromptPart,
@@ -44,9 +46,11 @@ from temporalio.exceptions import ApplicationError
 
 from activities.outcomes import (
     PREVIEW_CHARS,
+    call_message,
+    cancelled_outcome,
     heartbeating,
     heartbeating_thread,
-    store_result,
+    store_call_result,
     stored_outcome,
 )
 from baton import telemetry
@@ -55,30 +59,40 @@ from baton.agents.tools import (
     ToolError,
     delegate_to_tool,
     offered_tools,
+    present_exhibit_tool,
     run_tool,
     task_tool,
     xagent_tools,
 )
-from baton.contracts import (
-    BALANCE_EXHAUSTED,
-    CLOSED_STATUSES,
-    LIMIT_EXCEEDED,
+from baton.contracts.activity_io import (
     LoadAgentInput,
-    McpToolSnapshot,
     ModelTurnInput,
     ModelTurnResult,
-    ResolvedAgent,
     ResumePoint,
     StatusChange,
-    ToolCall,
     ToolInput,
-    ToolMessage,
     ToolOutcome,
     TurnFailure,
+)
+from baton.contracts.codes import BALANCE_EXHAUSTED, LIMIT_EXCEEDED
+from baton.contracts.tool_args import (
+    CLAIM_CHECK,
+    PRESENT_EXHIBIT,
+    claim_checked,
+    compact_exhibit_args,
+)
+from baton.contracts.values import (
+    CLOSED_STATUSES,
+    ExhibitLimits,
+    McpToolSnapshot,
+    ResolvedAgent,
+    ToolCall,
     Usage,
     wire_tool_name,
 )
 from baton.errors import BatonError
+from baton.evals import replay
+from baton.outbound import OPEN, OutboundPolicy
 from baton.payloads import (
     MAX_PAYLOAD_DEPTH,
     MAX_RESULT_BYTES,
@@ -88,10 +102,13 @@ from baton.payloads import (
 )
 from baton.permissions import reviews
 from baton.providers.models import SCRIPTED, build_model, model_name
-from baton.runs import metering, run_tree, session_store
+from baton.runs import exhibits, metering, run_tree, session_store
 from baton.runs.session_store import HistoryItem
-from baton.settings import DEFAULT_CONTEXT_MESSAGES
+from baton.settings import DEFAULT_CONTEXT_MESSAGES, Settings
 from baton.storage.db import MessageRow, session_scope
+from baton.webhooks import events as webhook_events
+from baton.workspaces.store import WorkspaceStore
+from baton.workspaces.tools import workspace_tools
 
 AGENT_CACHE_SIZE = 4096
 T = TypeVar("T")
@@ -111,7 +128,8 @@ def to_model_messages(
 
     The system prompt is the first part of the first request. Tool calls left
     without a result (an interrupted turn) get a placeholder result so that
-    providers accept the history. Error rows are not sent to the model.
+    providers accept the history. Error rows are not sent to the model; an attachment
+    (a person's upload) is a user part, after the results of the calls open before it.
     """
     out: list[ModelMessage] = []
     named = wire_tool_name if wire_names else str
@@ -130,10 +148,23 @@ def to_model_messages(
             )
         open_calls.clear()
 
+    # Attachment notes (a person's upload) wait until no tool call is open, so a call's
+    # result still follows it.
+    notes: list[str] = []
+
+    def flush_notes() -> None:
+        pending.extend(UserPromptPart(n) for n in notes)
+        notes.clear()
+
     for m in history:
         if m.role == "user":
             close_open_calls()
+            flush_notes()
             pending.append(UserPromptPart(m.text))
+        elif m.role == "attachment":
+            notes.append(m.text)
+            if not open_calls:
+                flush_notes()
         elif m.role == "tool" and m.tool_call_id in open_calls:
             open_calls.pop(m.tool_call_id)
             name = named(m.tool_name or "tool")
@@ -145,18 +176,25 @@ def to_model_messages(
                     outcome="failed" if m.is_error else "success",
                 )
             )
+            if not open_calls:
+                flush_notes()
         elif m.role == "assistant":
             close_open_calls()
+            flush_notes()
             if pending:
                 out.append(ModelRequest(parts=pending))
                 pending = []
             parts: list[ModelResponsePart] = [TextPart(m.text)] if m.text else []
             for call in m.tool_calls or []:
                 wire = named(call["name"])  # as the provider was offered it
-                parts.append(ToolCallPart(wire, call["args"], tool_call_id=call["id"]))
+                args = call["args"]
+                if call["name"] == PRESENT_EXHIBIT:  # shown once; its bulk is not re-read
+                    args = compact_exhibit_args(args)
+                parts.append(ToolCallPart(wire, args, tool_call_id=call["id"]))
                 open_calls[call["id"]] = wire
             out.append(ModelResponse(parts=parts))
     close_open_calls()
+    flush_notes()
     if pending:
         out.append(ModelRequest(parts=pending))
     return out
@@ -167,8 +205,18 @@ def _result_from(row: MessageRow) -> ModelTurnResult:
         row.id,
         row.text,
         # A row stored before results were bounded may carry oversized arguments: fit them.
-        fit_tool_calls([ToolCall.model_validate(c) for c in row.tool_calls or []]),
+        workflow_calls([ToolCall.model_validate(c) for c in row.tool_calls or []], row.id),
         Usage.model_validate(row.usage or {}),
+    )
+
+
+def workflow_calls(calls: list[ToolCall], message_id: str) -> list[ToolCall]:
+    """The tool calls of reply ``message_id`` as the workflow receives them: a
+    ``present_exhibit`` call's arguments claim-checked (the stored reply keeps them
+    whole; :func:`~baton.contracts.tool_args.claim_checked`), the rest fitted to the
+    payload bound (:func:`fit_tool_calls`)."""
+    return fit_tool_calls(
+        [c.model_copy(update={"args": claim_checked(c.name, c.args, message_id)}) for c in calls]
     )
 
 
@@ -201,7 +249,7 @@ def fit_tool_calls(calls: list[ToolCall]) -> list[ToolCall]:
 
     The marker (``{"_unparsed_arguments": "…"}``) fails the tool's argument check, so the
     model reads why and can retry with smaller arguments; the turn is neither failed nor
-    retried (it would fail the same way: issue 10, item 8). Order and ids are kept.
+    retried (it would fail the same way). Order and ids are kept.
     """
     sizes = [json_bytes(c) for c in calls]
     total = sum(sizes)
@@ -302,6 +350,125 @@ def _classify(exc: Exception) -> Exception:
     return exc
 
 
+def _count_provider_failure(exc: Exception, failures: int, limit: int) -> None:
+    """A retryable provider failure, the ``failures``-th of this call: the ``limit``-th
+    raises the final ``ModelProviderFailed`` (non-retryable, chained to ``exc``); an
+    earlier one is recorded in the heartbeat, so the next attempt (any worker) counts on."""
+    if failures >= limit:
+        raise ApplicationError(
+            f"the model provider failed {failures} times for this call: {exc}",
+            type=MODEL_PROVIDER_FAILED,
+            non_retryable=True,
+        ) from exc
+    activity.heartbeat(failures)
+
+
+def reply_usage(
+    response: ModelResponse, prices: dict[str, tuple[float, float]], model: str, started: float
+) -> Usage:
+    """The metered usage of one model reply: its tokens, its cost in USD (pydantic-ai's
+    price data, else ``prices`` (USD per million tokens), else None: unpriced) and the
+    wall time in ms since ``started`` (``time.monotonic()``)."""
+    cost: float | None = None
+    with contextlib.suppress(Exception):  # unknown model/provider: no price known
+        cost = float(response.cost().total_price)
+    if cost is None:
+        cost = metering.price_cost(
+            prices, model, response.usage.input_tokens, response.usage.output_tokens
+        )
+    return Usage(
+        requests=1,
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        cost_usd=cost,
+        wall_ms=int((time.monotonic() - started) * 1000),
+    )
+
+
+@dataclass
+class Offer:
+    """What one model call is offered: the tool definitions, the system prompt (with the
+    team or roster brief when delegation is offered) and the MCP tools by wire name."""
+
+    params: ModelRequestParameters
+    system_prompt: str
+    remote: dict[str, McpToolSnapshot]
+
+
+def offered(
+    agent: ResolvedAgent, inp: ModelTurnInput, entries: list[tuple[str, str]], model: str
+) -> Offer:
+    """The tools and system prompt of one model call of ``agent``: its own tools, the
+    X-Agent tools and (a session's turn) the workspace tools it does not block, its MCP
+    servers' tools as snapshotted at load, and
+    ``delegate_to`` (team specialists, or the ad-hoc roster ``entries``) and ``task``
+    (its subagents) when ``inp.delegation`` offers them and the agent does not block them."""
+    tools = [(t.name, t.description, t.parameters) for t in offered_tools(agent.tools)]
+    tools += xagent_tools(agent.blocked_tools)
+    if inp.workspace:
+        tools += workspace_tools(agent.blocked_tools)
+    tools += present_exhibit_tool(agent.blocked_tools)
+    # Providers accept [a-zA-Z0-9_-] names only; the scripted model's playbooks name tools
+    # as Baton stores them.
+    wire = wire_tool_name if model != SCRIPTED else str
+    remote = {wire(t.qualified): t for t in agent.mcp_tools if t.name}
+    tools += [(n, t.description, t.input_schema) for n, t in remote.items()]
+    system_prompt = agent.system_prompt
+    offer = inp.delegation
+    if offer is not None and "delegate_to" not in agent.blocked_tools:
+        if offer.team is not None:
+            # A lead-only team (AgentX Agent Teams allows zero specialists) has nobody to
+            # delegate to: no delegate_to (an empty enum is invalid JSON Schema).
+            team = [(m.agent_id, m.hint) for m in offer.team.specialists()]
+            if team:
+                tools.append(delegate_to_tool(team))
+                system_prompt = f"{system_prompt}\n\n{roster.team_block(offer.team)}".strip()
+        elif entries:
+            tools.append(delegate_to_tool(entries))
+            system_prompt = f"{system_prompt}\n\n{roster.roster_block(entries)}".strip()
+    if offer is not None and offer.task and agent.subagents and "task" not in agent.blocked_tools:
+        tools.append(task_tool(agent))
+    params = ModelRequestParameters(
+        function_tools=[
+            ToolDefinition(name=name, description=about, parameters_json_schema=schema)
+            for name, about, schema in tools
+        ]
+    )
+    return Offer(params=params, system_prompt=system_prompt, remote=remote)
+
+
+@dataclass
+class _Stream:
+    """The state of one reply's stream: text not flushed yet, characters streamed, and
+    what the balance cut needs (the model, the input estimate, the balance)."""
+
+    inp: ModelTurnInput
+    model: str
+    input_estimate: int
+    balance: float | None
+    attempt: int
+    buffer: str = ""
+    streamed: int = 0
+    #: Everything streamed: kept as the reply if the call is cancelled (an interrupt).
+    whole: str = ""
+    flushed_at: float = field(default_factory=time.monotonic)
+
+
+def _add_reply(s: Session, inp: ModelTurnInput, text: str, **extra: Any) -> None:
+    """Store the model call's reply as the assistant message its input names (``extra``:
+    its tool calls and usage, when the call completed)."""
+    session_store.add_message(
+        s,
+        message_id=inp.assistant_message_id,
+        session_id=inp.session_id,
+        position=inp.position,
+        role="assistant",
+        agent_slug=inp.agent_slug,
+        text=text,
+        **extra,
+    )
+
+
 class SessionActivities:
     """Activities of SessionWorkflow, built with the DB engine by the worker factory."""
 
@@ -311,9 +478,18 @@ class SessionActivities:
         *,
         db_threads: int = 16,
         context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
+        outbound: OutboundPolicy = OPEN,
+        exhibit_limits: ExhibitLimits | None = None,
+        workspaces: WorkspaceStore | None = None,
     ) -> None:
         self._engine = engine
-        #: The context window: newest messages a model call reads (None: all; issue 14).
+        #: Where a spec's MCP servers may be reached from here (Settings.outbound_policy).
+        self._outbound = outbound
+        #: What one exhibit may hold (Settings.exhibit_limits).
+        self._exhibit_limits = exhibit_limits or ExhibitLimits()
+        #: Where a file exhibit's workspace file is looked up (Settings: BATON_WORKSPACE_*).
+        self._workspaces = workspaces or WorkspaceStore.from_settings(Settings())
+        #: The context window: newest messages a model call reads (None: all).
         self._context_messages = context_messages
         # DB work of async activities gets its own pool: asyncio's default one is tiny
         # (cores + 4) and shared, so concurrent turns queued behind each other.
@@ -322,7 +498,7 @@ class SessionActivities:
 
     async def _in_db(self, fn: Callable[..., T], *args: Any) -> T:
         # The activity's context goes along (as asyncio.to_thread does), so code run here
-        # still sees the activity: its metric meter and its trace span (issue 12).
+        # still sees the activity: its metric meter and its trace span.
         ctx = contextvars.copy_context()
         return await asyncio.get_running_loop().run_in_executor(self._db, ctx.run, fn, *args)
 
@@ -336,13 +512,14 @@ class SessionActivities:
         try:
             with session_scope(self._engine) as s:
                 resolved = registry.resolve_agent(s, ref=inp.agent_pin)
-            if resolved.mcp_servers:  # issue 13: discovered once, outside the transaction
+            if resolved.mcp_servers:  # discovered once, outside the transaction
                 from activities.mcp_tools import discover_sync
 
                 tools = discover_sync(
                     resolved.mcp_servers,
                     allowed=resolved.allowed_tools,
                     blocked=resolved.blocked_tools,
+                    policy=self._outbound,
                 )
                 resolved = resolved.model_copy(update={"mcp_tools": tools})
             with session_scope(self._engine) as s:
@@ -373,15 +550,8 @@ class SessionActivities:
             done = session_store.get_message(s, message_id=inp.assistant_message_id)
             if done is not None:
                 return _result_from(done), None, None, [], None
-            balance = metering.get_balance(s)
-            if balance is not None and balance <= 0:
-                # Refused before the provider is called (Xema Agent Concepts, spend); never retried.
-                raise ApplicationError(
-                    f"{BALANCE_EXHAUSTED}: the organisation balance is spent "
-                    f"(${balance:.4f}); raise it with PUT /v1/balance",
-                    type=BALANCE_EXHAUSTED,
-                    non_retryable=True,
-                )
+            # Refused before the provider is called (Xema Agent Concepts, spend).
+            balance = metering.admit_call(s)
             if inp.token_budget is not None and inp.run_root is not None:
                 # A cheap early refusal (no lock); _reserve decides under the run's lock.
                 try:
@@ -469,31 +639,34 @@ class SessionActivities:
                 model=model,
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
-                cost_usd=usage.cost_usd,  # None: unpriced (issue 12, item 7)
+                cost_usd=usage.cost_usd,  # None: unpriced
             )
             if last_chunk:
                 self._chunk_event(s, inp, last_chunk, attempt)
                 run_tree.forward(s, inp.session_id, "chunk", {"content": last_chunk})
             for call in calls:
+                args = call.args
+                if call.name == PRESENT_EXHIBIT:  # the exhibit event shows it, once
+                    args = compact_exhibit_args(args)
                 run_tree.forward(
                     s,
                     inp.session_id,
                     "tool_call",
-                    {"tool": call.name, "tool_call_id": call.id, "arguments": call.args},
+                    {"tool": call.name, "tool_call_id": call.id, "arguments": args},
                 )
-            session_store.add_message(
-                s,
-                message_id=inp.assistant_message_id,
-                session_id=inp.session_id,
-                position=inp.position,
-                role="assistant",
-                agent_slug=inp.agent_slug,
-                text=text,
-                tool_calls=[c.model_dump() for c in calls] or None,
-                usage=usage,
+            _add_reply(
+                s, inp, text, tool_calls=[c.model_dump() for c in calls] or None, usage=usage
             )
             if not calls:
                 session_store.set_status(s, session_id=inp.session_id, status="idle")
+
+    def _keep_partial(self, inp: ModelTurnInput, text: str) -> None:
+        """Store the text a cancelled model call streamed as its reply (metered by
+        :meth:`_cut`); nothing when it streamed nothing or the session is closed."""
+        with session_scope(self._engine) as s:
+            if not text or session_store.is_closed(s, session_id=inp.session_id):
+                return
+            _add_reply(s, inp, text)
 
     def _cut(
         self,
@@ -501,11 +674,12 @@ class SessionActivities:
         model: str,
         input_tokens: int,
         chars: int,
-        cost: float,
+        cost: float | None,
         tail: str,
         attempt: int,
     ) -> None:
-        """Meter a stream cut for the balance (estimated tokens) and flush its last text."""
+        """Meter a stream cut (the balance ran out, or the call was cancelled) with estimated
+        tokens (``cost`` None: unpriced) and flush its last text."""
         with session_scope(self._engine) as s:
             if tail and not session_store.is_closed(s, session_id=inp.session_id):
                 self._chunk_event(s, inp, tail, attempt)
@@ -530,162 +704,145 @@ class SessionActivities:
         Temporal, other 4xx and configuration errors are non-retryable. Retryable
         provider failures are counted in the heartbeat details across attempts;
         the ``provider_failures``-th is final (``ModelProviderFailed``), while an
-        attempt lost with its worker counts none (issue 10, item 10). Under a
-        token_budget the call first reserves its input estimate + ``max_tokens``
-        (``limit_exceeded``, non-retryable, when there is no room; issue 10 item 6).
+        attempt lost with its worker counts none. Under a token_budget the call
+        first reserves its input estimate + ``max_tokens`` (``limit_exceeded``,
+        non-retryable, when there is no room). The balance ceiling refuses the call
+        before the provider and cuts its stream (:func:`baton.runs.metering.admit_call`,
+        :func:`~baton.runs.metering.stream_cut`; ``balance_exhausted``, non-retryable).
         """
         telemetry.annotate(agent=inp.agent_slug, session=inp.session_id, turn=inp.turn)
         info = activity.info()
-        attempt = info.attempt
         # Provider failures of earlier attempts travel in the heartbeat details; an attempt
-        # lost with its worker (heartbeat timeout) adds none (issue 10, item 10).
+        # lost with its worker (heartbeat timeout) adds none.
         failures = provider_failures(info.heartbeat_details)
         async with heartbeating(lambda: (failures,)):
             done, agent, history, entries, balance = await self._in_db(self._prepare, inp)
             if done is not None:
                 return done
             assert isinstance(agent, ResolvedAgent)
-            tools = [(t.name, t.description, t.parameters) for t in offered_tools(agent.tools)]
-            tools += xagent_tools(agent.blocked_tools)
-            # Issue 13: the MCP servers' tools, as snapshotted when the session loaded.
-            # Providers accept [a-zA-Z0-9_-] names only; the scripted model's playbooks
-            # name tools as Baton stores them.
-            wire = wire_tool_name if model_name(agent.model, inp.default_model) != SCRIPTED else str
-            remote = {wire(t.qualified): t for t in agent.mcp_tools if t.name}
-            tools += [(n, t.description, t.input_schema) for n, t in remote.items()]
-            system_prompt = agent.system_prompt
-            offer = inp.delegation
-            if offer is not None and "delegate_to" not in agent.blocked_tools:
-                if offer.team is not None:
-                    # A lead-only team (AgentX Agent Teams allows zero specialists) has nobody to
-                    # delegate to: no delegate_to (an empty enum is invalid JSON Schema).
-                    team = [(m.agent_id, m.hint) for m in offer.team.specialists()]
-                    if team:
-                        tools.append(delegate_to_tool(team))
-                        brief = roster.team_block(offer.team)
-                        system_prompt = f"{system_prompt}\n\n{brief}".strip()
-                elif entries:
-                    tools.append(delegate_to_tool(entries))
-                    system_prompt = f"{system_prompt}\n\n{roster.roster_block(entries)}".strip()
-            if (
-                offer is not None
-                and offer.task
-                and agent.subagents
-                and "task" not in agent.blocked_tools
-            ):
-                tools.append(task_tool(agent))
-            params = ModelRequestParameters(
-                function_tools=[
-                    ToolDefinition(name=name, description=about, parameters_json_schema=schema)
-                    for name, about, schema in tools
-                ]
-            )
-            started = time.monotonic()
-            buffer, flushed_at = "", started
             name = model_name(agent.model, inp.default_model)
-            messages = to_model_messages(system_prompt, history, wire_names=name != SCRIPTED)
+            offer = offered(agent, inp, entries, name)
+            started = time.monotonic()
+            messages = to_model_messages(offer.system_prompt, history, wire_names=name != SCRIPTED)
             # A stream is cut once its running cost would spend the balance: input tokens
             # estimated from the request, output from the text streamed so far.
-            input_estimate = estimate_input_tokens(messages, params, name)
+            input_estimate = estimate_input_tokens(messages, offer.params, name)
             settings: dict[str, Any] = {"max_retries": 0}
             if inp.token_budget is not None and inp.run_root is not None:
-                # What this call may spend is reserved before it starts (issue 10 item 6).
+                # What this call may spend is reserved before it starts.
                 settings["max_tokens"] = await self._in_db(self._reserve, inp, input_estimate)
-            streamed = 0
+            stream = _Stream(inp, name, input_estimate, balance, info.attempt)
             try:
                 model = build_model(name, playbook=agent.playbook, agent_slug=agent.slug)
                 async with model_request_stream(
                     model,
                     messages,
                     model_settings=cast(ModelSettings, settings),
-                    model_request_parameters=params,
-                ) as stream:
-                    async for event in stream:
-                        delta = ""
-                        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
-                            delta = event.part.content
-                        elif isinstance(event, PartDeltaEvent) and isinstance(
-                            event.delta, TextPartDelta
-                        ):
-                            delta = event.delta.content_delta
-                        buffer += delta
-                        streamed += len(delta)
-                        if balance is not None and delta:
-                            spent = metering.price_cost(
-                                inp.prices,
-                                name,
-                                input_estimate,
-                                streamed // metering.CHARS_PER_TOKEN,
-                            )
-                            if spent is not None and spent >= balance:
-                                await self._in_db(
-                                    self._cut,
-                                    inp,
-                                    name,
-                                    input_estimate,
-                                    streamed,
-                                    spent,
-                                    buffer,
-                                    attempt,
-                                )
-                                raise ApplicationError(
-                                    f"{BALANCE_EXHAUSTED}: the balance ran out during the "
-                                    f"reply (about ${spent:.4f} of ${balance:.4f}); the stream "
-                                    "was cancelled",
-                                    type=BALANCE_EXHAUSTED,
-                                    non_retryable=True,
-                                )
-                        now = time.monotonic()
-                        if buffer and now - flushed_at >= CHUNK_FLUSH_S:
-                            await self._in_db(self._chunk, inp, buffer, attempt)
-                            buffer, flushed_at = "", now
-                    response = stream.get()
+                    model_request_parameters=offer.params,
+                ) as events:
+                    async for event in events:
+                        await self._on_event(stream, event)
+                    response = events.get()
+            except asyncio.CancelledError:
+                # A newer message interrupted the turn (if_busy=interrupt): what the model
+                # wrote so far stays in the transcript, metered as a cut stream is (tokens
+                # estimated); the workflow marks the interruption.
+                out = stream.streamed // metering.CHARS_PER_TOKEN
+                spent = metering.price_cost(inp.prices, name, input_estimate, out)
+                await self._in_db(
+                    self._cut,
+                    inp,
+                    name,
+                    input_estimate,
+                    stream.streamed,
+                    spent,
+                    stream.buffer,
+                    stream.attempt,
+                )
+                await self._in_db(self._keep_partial, inp, stream.whole)
+                raise
             except (ModelAPIError, UserError) as exc:
                 mapped = _classify(exc)
                 if mapped is not exc:
                     raise mapped from exc
                 failures += 1
-                if failures >= inp.provider_failures:
-                    raise ApplicationError(
-                        f"the model provider failed {failures} times for this call: {exc}",
-                        type=MODEL_PROVIDER_FAILED,
-                        non_retryable=True,
-                    ) from exc
-                # Recorded with the failure, so the next attempt (any worker) counts on.
-                activity.heartbeat(failures)
+                _count_provider_failure(exc, failures, inp.provider_failures)
                 raise  # retryable as it is; `raise exc from exc` would make it its own cause
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
-            calls = fit_tool_calls(
-                [
-                    _named(_tool_call(p), remote)
-                    for p in response.parts
-                    if isinstance(p, ToolCallPart)
-                ]
+            made = [
+                _named(_tool_call(p), offer.remote)
+                for p in response.parts
+                if isinstance(p, ToolCallPart)
+            ]
+            calls = workflow_calls(made, inp.assistant_message_id)
+            # The reply keeps an exhibit's whole arguments (what the claim-check names).
+            pairs = zip(made, calls, strict=True)
+            stored = [m if m.name == PRESENT_EXHIBIT else c for m, c in pairs]
+            usage = reply_usage(response, inp.prices, name, started)
+            await self._in_db(
+                self._persist, inp, text, stored, usage, stream.buffer, info.attempt, name
             )
-            cost: float | None = None
-            with contextlib.suppress(Exception):  # unknown model/provider: no price known
-                cost = float(response.cost().total_price)
-            if cost is None:
-                cost = metering.price_cost(
-                    inp.prices, name, response.usage.input_tokens, response.usage.output_tokens
-                )
-            usage = Usage(
-                requests=1,
-                input_tokens=response.usage.input_tokens,
-                output_tokens=response.usage.output_tokens,
-                cost_usd=cost,
-                wall_ms=int((time.monotonic() - started) * 1000),
-            )
-            await self._in_db(self._persist, inp, text, calls, usage, buffer, attempt, name)
             return _turn_result(inp.assistant_message_id, text, calls, usage)
+
+    async def _on_event(self, stream: _Stream, event: ModelResponseStreamEvent) -> None:
+        """One event of the reply's stream: buffer its text, cut the stream at the balance
+        ceiling (metered, ``balance_exhausted``), flush the buffer every CHUNK_FLUSH_S."""
+        delta = ""
+        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+            delta = event.part.content
+        elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+            delta = event.delta.content_delta
+        stream.buffer += delta
+        stream.whole += delta
+        stream.streamed += len(delta)
+        inp = stream.inp
+        if stream.balance is not None and delta:
+            spent = metering.stream_cut(
+                inp.prices,
+                stream.model,
+                input_tokens=stream.input_estimate,
+                streamed_chars=stream.streamed,
+                balance=stream.balance,
+            )
+            if spent is not None:
+                await self._in_db(
+                    self._cut,
+                    inp,
+                    stream.model,
+                    stream.input_estimate,
+                    stream.streamed,
+                    spent,
+                    stream.buffer,
+                    stream.attempt,
+                )
+                raise ApplicationError(
+                    f"{BALANCE_EXHAUSTED}: the balance ran out during the reply "
+                    f"(about ${spent:.4f} of ${stream.balance:.4f}); the stream was cancelled",
+                    type=BALANCE_EXHAUSTED,
+                    non_retryable=True,
+                )
+        now = time.monotonic()
+        if stream.buffer and now - stream.flushed_at >= CHUNK_FLUSH_S:
+            await self._in_db(self._chunk, inp, stream.buffer, stream.attempt)
+            stream.buffer, stream.flushed_at = "", now
 
     @activity.defn(name="run_tool")
     def run_tool(self, inp: ToolInput) -> ToolOutcome:
-        """Run an ordinary tool once; bad arguments or failures become a tool error message."""
+        """Run an ordinary tool once; bad arguments or failures become a tool error message.
+        ``present_exhibit`` (when ``allowed_tools`` holds it) is :meth:`_present_exhibit`.
+        An eval's replay answers it from the recording instead
+        (:func:`baton.evals.replay.answer_tool`)."""
         with session_scope(self._engine) as s:
             done = stored_outcome(s, inp.message_id)
             if done is not None:
                 return done
+            answer = replay.answer_tool(
+                s, session_id=inp.session_id, name=inp.call.name, args=inp.call.args
+            )
+            if answer is not None:
+                return store_call_result(s, inp, answer.text, ok=answer.ok)
+        if inp.call.name == PRESENT_EXHIBIT and PRESENT_EXHIBIT in inp.allowed_tools:
+            return self._present_exhibit(inp)
         started = time.monotonic()
         try:
             with heartbeating_thread():
@@ -694,16 +851,34 @@ class SessionActivities:
             output, ok = str(exc), False
         except Exception as exc:  # a broken tool must reach the model, not fail the turn
             output, ok = f"tool '{inp.call.name}' failed: {type(exc).__name__}: {exc}", False
-        tool = ToolMessage(
-            session_id=inp.session_id,
-            agent_slug=inp.agent_slug,
-            message_id=inp.message_id,
-            position=inp.position,
-            call=inp.call,
-        )
         elapsed_ms = int((time.monotonic() - started) * 1000)
         with session_scope(self._engine) as s:
-            return store_result(s, tool, output, ok=ok, duration_ms=elapsed_ms)
+            return store_call_result(s, inp, output, ok=ok, duration_ms=elapsed_ms)
+
+    def _present_exhibit(self, inp: ToolInput) -> ToolOutcome:
+        """Show an exhibit (docs/exhibits.md): the call's whole arguments are read from the
+        assistant message that stored them (claim-check), checked, and the exhibit, its
+        ``exhibit`` event (forwarded to the run's root in a delegation) and the
+        ``present_exhibit`` turn are written in one transaction. Arguments that cannot be
+        shown are the model's tool error, and nothing else is written."""
+        with session_scope(self._engine) as s:
+            args = _claimed_args(s, inp)
+            try:
+                built = exhibits.build(args, self._exhibit_limits)
+                built = exhibits.of_file(built, s, self._workspaces, inp.session_id)
+            except exhibits.ExhibitRefused as exc:
+                return store_call_result(s, inp, str(exc), ok=False)
+            if session_store.is_closed(s, session_id=inp.session_id):
+                return cancelled_outcome(call_message(inp))
+            wire = exhibits.record(
+                s,
+                built,
+                session_id=inp.session_id,
+                agent_slug=inp.agent_slug,
+                message_id=inp.message_id,
+            )
+            text = exhibits.displayed_text(wire)
+            return store_call_result(s, inp, text, ok=True, tool_args={"exhibit": wire})
 
     @activity.defn(name="record_failure")
     def record_failure(self, inp: TurnFailure) -> None:
@@ -722,12 +897,19 @@ class SessionActivities:
             session_store.set_status(s, session_id=inp.session_id, status=inp.final_status)
             # The failed call will never be metered: its token reservation is freed.
             run_tree.release_tokens(s, session_id=inp.session_id)
+            if inp.final_status in CLOSED_STATUSES:
+                _cancel_reviews(s, inp.session_id, inp.final_status)
+            # A turn that failed for good is news whether the session stays idle (the next
+            # message may succeed) or closes failed (its agent cannot load).
+            webhook_events.session_failed(
+                s, inp.session_id, inp.error, failure=inp.message_id, status=inp.final_status
+            )
 
     @activity.defn(name="record_resume")
     def record_resume(self, point: ResumePoint) -> None:
         """Store ``point`` (the input and queue of the session's next run) on its row:
         the run completes idle next and the next message starts the next run from there
-        (issue 12, item 2; :func:`baton.runs.launch.deliver_update`). Idempotent; a closed
+        (:func:`baton.runs.launch.deliver_update`). Idempotent; a closed
         session is left alone."""
         with session_scope(self._engine) as s:
             session_store.set_resume_input(s, point=point)
@@ -739,7 +921,26 @@ class SessionActivities:
             session_store.set_status(s, session_id=inp.session_id, status=inp.status)
             if inp.status in CLOSED_STATUSES:
                 run_tree.release_tokens(s, session_id=inp.session_id)
-                for row in reviews.close_pending(s, session_id=inp.session_id, by=inp.status):
-                    # The session's own stream has ended; a run root still open hears of it.
-                    forwarded = reviews.resolved_event(row)
-                    run_tree.forward(s, inp.session_id, "review_resolved", forwarded)
+                _cancel_reviews(s, inp.session_id, inp.status)
+
+
+def _claimed_args(s: Session, inp: ToolInput) -> dict[str, Any]:
+    """The whole arguments of a ``present_exhibit`` call: those its assistant message
+    stored, found by the claim-check id and the call id in this session, else the
+    arguments as they came (a check of them names what is wrong)."""
+    ref = inp.call.args.get(CLAIM_CHECK)
+    row = session_store.get_message(s, message_id=ref) if isinstance(ref, str) else None
+    if row is None or row.session_id != inp.session_id:
+        return inp.call.args
+    for call in row.tool_calls or []:
+        if call.get("id") == inp.call.id and call.get("name") == PRESENT_EXHIBIT:
+            return dict(call.get("args") or {})
+    return inp.call.args
+
+
+def _cancel_reviews(s: Session, session_id: str, status: str) -> None:
+    """A session that closed (``status``: cancelled | failed) leaves no review pending:
+    each becomes cancelled and audited (:func:`baton.permissions.reviews.cancel_pending`)."""
+    for row in reviews.cancel_pending(s, session_id=session_id, by=status):
+        # The session's own stream has ended; a run root still open hears of it.
+        run_tree.forward(s, session_id, "review_resolved", reviews.resolved_event(row))

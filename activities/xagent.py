@@ -26,37 +26,49 @@ from activities.outcomes import cancelled_outcome, heartbeating, store_result, s
 from baton import telemetry
 from baton.agents import registry
 from baton.agents.spec import AgentSpec
-from baton.contracts import (
+from baton.contracts.activity_io import (
+    AgentEdit,
     AuthorizeInput,
     AuthorizeResult,
-    CreateAgentArgs,
-    GetAgentSessionsArgs,
-    GetTranscriptArgs,
     RefusalInput,
-    ReviewDecision,
     SettleInput,
     SettleResult,
     ToolMessage,
     ToolOutcome,
     XAgentCall,
 )
+from baton.contracts.tool_args import CreateAgentArgs, GetAgentSessionsArgs, GetTranscriptArgs
+from baton.contracts.workflow_io import ReviewDecision
 from baton.errors import BatonError
+from baton.evals import replay
 from baton.grants import auth, policies
 from baton.permissions import gate, reviews
-from baton.runs import run_tree, session_store
+from baton.runs import run_tree, session_store, transcript_text
 from baton.settings import DEV_REVIEW_KEY
 from baton.storage.db import Agent, AgentLivePointer, ReviewRow, SessionRow, session_scope, utcnow
+from baton.webhooks import events as webhook_events
 
 #: Longest inline reply an invoke returns to the caller's model (characters).
 MAX_INLINE_REPLY = 32_000
+#: Characters of a reviewer's edited instructions the caller's create result shows.
+EDITED_INSTRUCTIONS_SHOWN = 2_000
 TRANSCRIPT_POLL_S = 0.25
 #: Longest a sync transcript read waits for a running turn (inside the 60 s tool timeout).
 TRANSCRIPT_WAIT_S = 45.0
-AUDIT_OUTCOME = {"allowed": "allow", "denied": "denied_by_user", "timed_out": "review_timeout"}
+AUDIT_OUTCOME = {
+    "allowed": "allow",
+    "denied": "denied_by_user",
+    "timed_out": "review_timeout",
+    "withdrawn": "withdrawn",
+}
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " … (cut)"
 
 
 def _slugify(name: str) -> str:
@@ -89,9 +101,63 @@ def refuse(
             decided_by=decision.decided_by,
             # Guards audit their code (the message is the model's); ACL and policy their text.
             reason=(decision.code or "") if decision.decided_by == "guard" else decision.text,
-            via=via or ("invoke" if operation == "invoke" else None),
+            via=via,
         )
     return store_result(s, tool, decision.text, ok=False)
+
+
+def save_always_allow(s: Session, row: ReviewRow, decision: ReviewDecision) -> None:
+    """The policy an Always Allow saves (Gamut X-Agent Policies, 'Always Allow'), and its
+    scope on the review row: ``list`` is global only; read and invoke are per-target
+    (``scope: target``, the default) or global (``all``); ``create`` never stores one. An
+    agent deleted while the review waited gets no policy: a later agent reusing its slug
+    must not inherit it (the decision is then an allow-once)."""
+    if row.operation == "create":
+        return
+    scope = "all" if row.operation == "list" else (decision.scope or "target")
+    target = None if scope == "all" else row.target_agent_slug
+    if _agent(s, row.caller_agent_slug) is None or (
+        target is not None and _agent(s, target) is None
+    ):
+        return
+    row.scope = scope
+    policies.save_policy(
+        s, caller=row.caller_agent_slug, operation=row.operation, target=target, decision="allow"
+    )
+
+
+def _denied(row: ReviewRow, inp: SettleInput) -> str:
+    """The tool error the model reads for a review denied by a person or by its timeout, or
+    withdrawn because a newer message interrupted the turn."""
+    what = f"{row.operation} '{row.target_agent_slug}'" if row.target_agent_slug else row.operation
+    if inp.outcome == "timed_out":
+        return (
+            f"the review timed out after {inp.timeout_s:g} s without a decision; "
+            f"the {what} operation was denied"
+        )
+    if inp.outcome == "withdrawn":
+        return (
+            f"the review of the {what} operation was withdrawn: a newer message from the "
+            "person interrupted this turn"
+        )
+    return f"the {what} operation was denied by {row.decided_by}"
+
+
+def _covered(s: Session, row: ReviewRow) -> list[tuple[str, str]]:
+    """The other pending reviews of ``row``'s caller and operation that the stored
+    policies now allow: ``(review id, session id)`` each."""
+    return [
+        (other.id, other.session_id)
+        for other in reviews.pending_for(s, caller=row.caller_agent_slug, operation=row.operation)
+        if other.id != row.id
+        and policies.decide(
+            s,
+            caller=other.caller_agent_slug,
+            operation=other.operation,
+            target=other.target_agent_slug,
+        )
+        == "allow"
+    ]
 
 
 class XAgentActivities:
@@ -144,12 +210,28 @@ class XAgentActivities:
                     via="invoke" if inp.operation == "invoke" else None,
                 ),
             )
-            if decision.verdict == "allow":
-                return AuthorizeResult(decision="allow")
             if decision.verdict == "refuse":
                 return AuthorizeResult(
                     decision="refused", outcome=refuse(s, tool, decision, inp.operation, inp.target)
                 )
+            ev = replay.replay_of(s, session_id=tool.session_id)
+            if ev is not None:  # an eval's replay: recorded, and never asks a person
+                denied = replay.decide_in_replay(
+                    s,
+                    ev,
+                    session_id=tool.session_id,
+                    caller=caller,
+                    operation=inp.operation,
+                    target=inp.target,
+                    verdict=decision.verdict,
+                )
+                if denied is None:
+                    return AuthorizeResult(decision="allow")
+                return AuthorizeResult(
+                    decision="refused", outcome=store_result(s, tool, denied.text, ok=False)
+                )
+            if decision.verdict == "allow":
+                return AuthorizeResult(decision="allow")
             row, created = reviews.open_review(
                 s,
                 review_id=inp.review_id,
@@ -158,6 +240,7 @@ class XAgentActivities:
                 operation=inp.operation,
                 target=inp.target,
                 preview=inp.preview,
+                expires_at=inp.expires_at,
             )
             if created:
                 data = {
@@ -173,6 +256,7 @@ class XAgentActivities:
                 # A review deep in a run must reach whoever watches the run's root.
                 run_tree.forward(s, tool.session_id, "review_requested", data)
                 session_store.set_status(s, session_id=tool.session_id, status="awaiting_input")
+                webhook_events.review_opened(s, row)
             return AuthorizeResult(decision="review")
 
     # --- settle_review: the one outcome of a review ---------------------------
@@ -221,6 +305,10 @@ class XAgentActivities:
         return result, covered
 
     def _settle(self, inp: SettleInput) -> tuple[SettleResult, list[tuple[str, str]]]:
+        """The one outcome of review ``inp.review_id``, applied once (a retry finds it
+        settled): the row, an always-allow's policy, the audit row, the events, a denial's
+        tool result; then the ids and sessions of the other pending reviews the saved
+        policy now allows (for the caller to signal)."""
         tool = inp.tool
         covered: list[tuple[str, str]] = []
         with session_scope(self._engine) as s:
@@ -230,33 +318,18 @@ class XAgentActivities:
                 credited = reviews.credit(self._review_key, d, auth=inp.auth) if d else None
                 row.status = inp.outcome
                 row.decision = credited.decision if credited else None
-                row.decided_by = credited.decided_by if credited else "timeout"
+                undecided = "interrupted" if inp.outcome == "withdrawn" else "timeout"
+                row.decided_by = credited.decided_by if credited else undecided
                 row.decision_id = d.decision_id if d else None
                 row.decided_at = utcnow()
-                if (
-                    d is not None
-                    and credited is not None
-                    and credited.decision == "always_allow"
-                    and row.operation != "create"
-                ):
-                    scope = "all" if row.operation == "list" else (d.scope or "target")
-                    target = None if scope == "all" else row.target_agent_slug
-                    # An agent deleted while the review waited gets no policy: a later agent
-                    # reusing its slug must not inherit it (then it is an allow-once).
-                    if _agent(s, row.caller_agent_slug) is not None and (
-                        target is None or _agent(s, target) is not None
-                    ):
-                        row.scope = scope
-                        policies.save_policy(
-                            s,
-                            caller=row.caller_agent_slug,
-                            operation=row.operation,
-                            target=target,
-                            decision="allow",
-                        )
+                if d is not None and credited is not None and credited.decision == "always_allow":
+                    save_always_allow(s, row, d)
                 s.add(row)
-                telemetry.count_review(outcome=inp.outcome)  # issue 12 item 6
+                reviews.count_settled(s, row)
                 reason = credited.reason if credited else f"no decision within {inp.timeout_s:g} s"
+                if inp.outcome == "withdrawn":
+                    reason = "withdrawn: a newer message interrupted the turn"
+                reason += self._edit_reason(row, tool, d)
                 reviews.add_audit(
                     s,
                     session_id=row.session_id,
@@ -273,19 +346,9 @@ class XAgentActivities:
                     s, session_id=row.session_id, type="review_resolved", data=resolved
                 )
                 run_tree.forward(s, row.session_id, "review_resolved", resolved)
+                webhook_events.review_resolved(s, row)
                 if inp.outcome != "allowed":
-                    what = (
-                        f"{row.operation} '{row.target_agent_slug}'"
-                        if row.target_agent_slug
-                        else row.operation
-                    )
-                    text = (
-                        f"the review timed out after {inp.timeout_s:g} s without a decision; "
-                        f"the {what} operation was denied"
-                        if inp.outcome == "timed_out"
-                        else f"the {what} operation was denied by {row.decided_by}"
-                    )
-                    store_result(s, tool, text, ok=False)
+                    store_result(s, tool, _denied(row, inp), ok=False)
                 if reviews.pending_in_session(s, session_id=row.session_id) == 0:
                     srow = session_store.get_session(s, session_id=row.session_id)
                     if srow.status == "awaiting_input":
@@ -293,20 +356,61 @@ class XAgentActivities:
             if row.status == "allowed" and row.scope is not None:
                 # Recomputed on every attempt: a retry after the commit must still release
                 # the reviews the saved policy covers (signalling twice is harmless).
-                for other in reviews.pending_for(
-                    s, caller=row.caller_agent_slug, operation=row.operation
-                ):
-                    verdict = policies.decide(
-                        s,
-                        caller=other.caller_agent_slug,
-                        operation=other.operation,
-                        target=other.target_agent_slug,
-                    )
-                    if other.id != row.id and verdict == "allow":
-                        covered.append((other.id, other.session_id))
+                covered = _covered(s, row)
             allowed = row.status == "allowed"
             outcome = None if allowed else stored_outcome(s, tool.message_id)
-            return SettleResult(allowed=allowed, outcome=outcome), covered
+            edits = self._proven_edits(row, inp.decision)
+            by = row.decided_by or ""
+            prompt = edits.get("edited_prompt")
+            name, instructions = edits.get("edited_name"), edits.get("edited_instructions")
+            agent_edit = None
+            if name is not None or instructions is not None:
+                agent_edit = AgentEdit(name=name, instructions=instructions, by=by)
+            return SettleResult(
+                allowed=allowed,
+                outcome=outcome,
+                edited_prompt=prompt,
+                edited_by=by if prompt is not None else None,
+                edited_agent=agent_edit,
+            ), covered
+
+    def _proven_edits(self, row: ReviewRow, decision: ReviewDecision | None) -> dict[str, str]:
+        """The edits an allowed operation runs with instead of the caller's arguments
+        (``{field: value}``, :data:`baton.permissions.reviews.EDIT_FIELDS`): the decision's
+        edits when the decision applied is this one, its proof (which signs the edits) holds
+        and each is one its operation takes (:func:`baton.permissions.reviews.edit_refusal`);
+        none otherwise (an edit cannot be altered in transit)."""
+        d = decision
+        if d is None or row.status != "allowed" or row.decision_id != d.decision_id:
+            return {}
+        edits = reviews.edits_of(d)
+        if not edits or reviews.edit_refusal(row.operation, d.decision, edits) is not None:
+            return {}
+        return edits if reviews.is_proven(self._review_key, d) else {}
+
+    def _edit_reason(self, row: ReviewRow, tool: ToolMessage, d: ReviewDecision | None) -> str:
+        """The audit reason's part for the decision's edits: who edited what, original and
+        edited (:func:`baton.permissions.reviews.edit_note`), or that they were ignored."""
+        sent = reviews.edits_of(d) if d is not None else {}
+        if d is None or not sent:
+            return ""
+        applied = self._proven_edits(row, d)
+        if not applied:
+            what = " and ".join(reviews.edit_label(f) for f in sent)
+            why = "without a valid proof"
+            if reviews.is_proven(self._review_key, d):
+                why = f"that this {row.operation} review does not take"
+            return f"; an edit of the {what} {why} was ignored"
+        args = tool.call.args
+        originals = {
+            "edited_prompt": row.preview,
+            "edited_name": str(args.get("name") or ""),
+            "edited_instructions": str(args.get("instructions") or ""),
+        }
+        return reviews.edit_note(
+            row.decided_by or "",
+            [(reviews.edit_label(f), originals[f], v) for f, v in applied.items()],
+        )
 
     # --- refuse_tool: guards and malformed arguments ---------------------------
 
@@ -327,7 +431,7 @@ class XAgentActivities:
                     outcome="block",
                     decided_by="guard",
                     reason=inp.code,
-                    via=inp.via or ("invoke" if inp.operation == "invoke" else None),
+                    via=inp.via,
                 )
             return store_result(s, inp.tool, f"{inp.code}: {inp.error}", ok=False)
 
@@ -366,7 +470,11 @@ class XAgentActivities:
         if call.name == "list_agents":
             return self._list_agents(s, caller, inp)
         if call.name == "create_agent":
-            return self._create_agent(s, caller, inp, CreateAgentArgs.model_validate(call.args))
+            edit = inp.edited_agent
+            edited = {} if edit is None else edit.model_dump(exclude={"by"}, exclude_none=True)
+            # The reviewer's edit passes the tool's own argument checks again (one rule).
+            create = CreateAgentArgs.model_validate({**call.args, **edited})
+            return self._create_agent(s, caller, inp, create)
         if call.name == "get_agent_sessions":
             args = GetAgentSessionsArgs.model_validate(call.args)
             registry.get_agent(s, slug=args.slug)
@@ -425,7 +533,21 @@ class XAgentActivities:
         registry.publish(s, slug=slug)
         if inp.auth:
             auth.copy_acl(s, source=caller, target=slug, owner=inp.user)
-        return _json({"slug": slug, "name": args.name, "version": 1})
+        result: dict[str, Any] = {"slug": slug, "name": args.name, "version": 1}
+        edit = inp.edited_agent
+        if edit is not None:
+            what = " and ".join(
+                k
+                for k, v in (("name", edit.name), ("instructions", edit.instructions))
+                if v is not None
+            )
+            result["note"] = (
+                f"the reviewer ({edit.by}) edited your request; the agent was created with "
+                f"the edited {what}"
+            )
+            if edit.instructions is not None:
+                result["instructions"] = _cut(edit.instructions, EDITED_INSTRUCTIONS_SHOWN)
+        return _json(result)
 
     async def _wait_for_turn(self, inp: XAgentCall) -> None:
         """sync=true on a running session: wait for its turn to end (Gamut X-Agent)."""
@@ -454,17 +576,28 @@ class XAgentActivities:
             raise SessionOfOtherAgent(
                 f"session '{args.session_id}' is not a session of '{args.slug}'"
             )
+        # Rendered by transcript_text's rules: a message's own line breaks become
+        # continuation lines (no forged "[user] …" entry) and an external process's
+        # messages say so.
+        outside = transcript_text.written_outside(s, session_id=args.session_id)
         lines = [f"status: {row.status}"]
         for m in session_store.messages(s, session_id=args.session_id):
             if m.role == "tool":
                 given = session_store.summarise(session_store.json_compact(m.tool_args or {}), 200)
                 got = session_store.summarise(m.text, 200)
-                lines.append(f"[tool {m.tool_name}] input: {given} → output: {got}")
+                lines.append(
+                    transcript_text.entry(
+                        f"[tool {m.tool_name}] ", f"input: {given} → output: {got}"
+                    )
+                )
                 continue
             text = m.text
             if m.tool_calls:
                 text += " " + " ".join(f"(calls {c['name']})" for c in m.tool_calls)
-            lines.append(f"[{m.role}{' ' + m.agent_slug if m.role == 'assistant' else ''}] {text}")
+            who = f"{m.role} {m.agent_slug}" if m.role == "assistant" else m.role
+            if transcript_text.by_outside(m, outside=outside):
+                who += f" · {transcript_text.EXTERNAL_MARK}"
+            lines.append(transcript_text.entry(f"[{who}] ", text))
         return "\n".join(lines)
 
 

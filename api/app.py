@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from importlib.metadata import version
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -20,8 +21,10 @@ from sqlalchemy.engine import Engine
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from api import docs, ui
+from activities.webhooks import DeliveryStarter
+from api import docs, idempotency, ui
 from api.deps import app_temporal
+from api.feeds import SessionFeeds
 from api.limits import BodyLimit
 from api.mcp import MountedMCP
 from api.problems import (
@@ -30,13 +33,25 @@ from api.problems import (
     install_problem_handlers,
     problem_response,
 )
-from api.routers import agents, inquiries, reviews, sessions, steps, teams
+from api.routers import (
+    agents,
+    evals,
+    files,
+    inquiries,
+    reviews,
+    sessions,
+    steps,
+    teams,
+    webhooks,
+)
 from baton import telemetry
 from baton.errors import EngineUnavailable
+from baton.runs import metering
 from baton.settings import Settings, get_settings
-from baton.storage.db import make_engine
+from baton.storage.db import make_engine, session_scope
 from baton.storage.migrate import require_current
 from baton.storage.notify import EventNotifier
+from baton.workspaces.store import WorkspaceStore
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -56,6 +71,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                     "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
                 }
     document_common_problems(schema)
+    idempotency.document(schema)
     components = schema.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
@@ -110,55 +126,15 @@ async def readiness_checks(state: Any) -> dict[str, str]:
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-def create_app(settings: Settings | None = None, *, temporal: Client | None = None) -> FastAPI:
-    """Build the API. ``settings`` defaults to :func:`baton.settings.get_settings`.
-
-    ``temporal`` is a connected client to share (the dev stack and tests pass
-    theirs); otherwise the app connects on the first request that needs it.
-    """
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cfg = settings or get_settings()
-        cfg.review_key()  # auth mode without BATON_REVIEW_SECRET: refuse to start, clearly
-        engine = make_engine(cfg.database_url)
-        require_current(engine)  # refuse a database behind the code (issue 11)
-        app.state.settings = cfg
-        app.state.engine = engine
-        app.state.temporal = temporal
-        app.state.temporal_lock = asyncio.Lock()
-        # Issue 14: SSE followers wait on this, not on a poll loop each.
-        app.state.notifier = EventNotifier(engine)
-        try:
-            async with mcp.running():  # issue 13: the `agents` MCP server's sessions
-                yield
-        finally:
-            await app.state.notifier.close()
-            engine.dispose()
-
-    mcp = MountedMCP()
-    app = FastAPI(
-        title="Baton",
-        version="0.1.0",
-        description="Durable multi-agent orchestration on Temporal.",
-        lifespan=lifespan,
-        docs_url=None,  # served offline by api.docs (issue 12, item 7)
-        redoc_url=None,  # ReDoc would load its script from a CDN
-    )
-    install_problem_handlers(app)
-    docs.install(app)
-
-    # Refuse oversized bodies, declared or streamed (the largest valid spec is far smaller).
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-
-    # Issue 12 item 6: outermost, so every answer (a 413 above included) is counted.
-    request_metrics = telemetry.RequestMetrics()
-    app.add_middleware(telemetry.MeteredApp, metrics=request_metrics)
+def _install_probes(app: FastAPI, request_metrics: telemetry.RequestMetrics) -> None:
+    """The unauthenticated operations routes: ``/metrics`` (Prometheus), ``/healthz``
+    (liveness) and ``/readyz`` (readiness: the database and Temporal answer)."""
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics", include_in_schema=False)
     def metrics() -> Response:
-        """This API process's request metrics in the Prometheus text format
-        (:class:`baton.telemetry.RequestMetrics`). Unauthenticated, like the probes."""
+        """This API process's request metrics and the organisation's balance (read now)
+        in the Prometheus text format (:class:`baton.telemetry.RequestMetrics`).
+        Unauthenticated, like the probes."""
         body, content_type = request_metrics.render()
         return Response(body, media_type=content_type)
 
@@ -194,16 +170,88 @@ def create_app(settings: Settings | None = None, *, temporal: Client | None = No
             }
         )
 
+
+def create_app(settings: Settings | None = None, *, temporal: Client | None = None) -> FastAPI:
+    """Build the API. ``settings`` defaults to :func:`baton.settings.get_settings`.
+
+    ``temporal`` is a connected client to share (the dev stack and tests pass
+    theirs); otherwise the app connects on the first request that needs it.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cfg = settings or get_settings()
+        cfg.review_key()  # auth mode without BATON_REVIEW_SECRET: refuse to start, clearly
+        engine = make_engine(cfg.database_url)
+        require_current(engine)  # refuse a database behind the code (run `baton db upgrade`)
+        app.state.settings = cfg
+        app.state.engine = engine
+        app.state.workspaces = WorkspaceStore.from_settings(cfg)
+        app.state.temporal = temporal
+        app.state.temporal_lock = asyncio.Lock()
+        # SSE followers wait on this, not on a poll loop each.
+        app.state.notifier = EventNotifier(engine)
+        # ... and share one reader per followed session (api.feeds).
+        app.state.feeds = SessionFeeds(engine, app.state.notifier)
+        # Deliveries this process queues (a test-send, a review cancelled here) start on
+        # its Temporal client, connected on first use.
+        DeliveryStarter(
+            lambda: app_temporal(app.state),
+            loop=asyncio.get_running_loop(),
+            config=cfg.webhook_config(),
+            task_queue=cfg.task_queue,
+        ).install(engine)
+        try:
+            async with mcp.running():  # the `agents` MCP server's sessions
+                yield
+        finally:
+            await app.state.notifier.close()
+            engine.dispose()
+
+    mcp = MountedMCP()
+    app = FastAPI(
+        title="Baton",
+        version=version("baton"),  # the release (pyproject.toml), as `baton --version`
+        description="Durable multi-agent orchestration on Temporal.",
+        lifespan=lifespan,
+        docs_url=None,  # served offline by api.docs (no CDN)
+        redoc_url=None,  # ReDoc would load its script from a CDN
+    )
+    install_problem_handlers(app)
+    docs.install(app)
+    # Inside the body limit and the metrics: a refused body never claims a key.
+    idempotency.install(app)
+
+    # Refuse oversized bodies, declared or streamed (the largest valid spec is far smaller).
+    # A workspace upload is bounded by its route (BATON_WORKSPACE_MAX_FILE_BYTES) instead.
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+
+    def read_balance() -> float | None:
+        engine: Engine | None = getattr(app.state, "engine", None)
+        if engine is None:  # scraped before the lifespan opened the database
+            return None
+        with session_scope(engine) as s:
+            return metering.get_balance(s)
+
+    # Outermost, so every answer (a 413 above included) is counted.
+    request_metrics = telemetry.RequestMetrics(balance=read_balance)
+    app.add_middleware(telemetry.MeteredApp, metrics=request_metrics)
+
+    _install_probes(app, request_metrics)
+
     app.include_router(agents.router)
+    app.include_router(evals.router)
     app.include_router(sessions.router)
+    app.include_router(files.router)
     app.include_router(inquiries.router)
-    ui.install(app)  # the web console at /ui (issue 15)
+    ui.install(app)  # the web console at /ui
     app.include_router(reviews.router)
     app.include_router(reviews.audit_router)
     app.include_router(teams.router)
+    app.include_router(webhooks.router)
     app.include_router(steps.router)
     app.include_router(steps.usage_router)
-    app.router.routes.append(mcp.route)  # /mcp: the `agents` MCP server (issue 13)
+    app.router.routes.append(mcp.route)  # /mcp: the `agents` MCP server
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    telemetry.instrument_app(app)  # issue 12 item 5: server spans when OTEL_* turns tracing on
+    telemetry.instrument_app(app)  # server spans when OTEL_* turns tracing on
     return app

@@ -17,9 +17,10 @@ from baton.errors import BatonError, EngineUnavailable
 from baton.grants import auth as access
 from baton.settings import Settings
 from baton.storage.db import session_scope
+from baton.workspaces.store import WorkspaceStore
 
 log = logging.getLogger("baton.api")
-#: Cookie of the web console holding the bearer token (issue 15).
+#: Cookie of the web console holding the bearer token.
 TOKEN_COOKIE = "baton_token"
 #: Methods that change nothing: a cookie may carry them from anywhere (a link, a reload).
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -90,6 +91,13 @@ class Caller:
 
     user: str
     auth: bool
+
+    @property
+    def acl_user(self) -> str | None:
+        """The user whose roles and ownership a check applies: None with auth off (anyone
+        may do anything), the caller in auth mode. The one rule every registry call,
+        owned-resource lookup (webhooks, evals) and ACL check takes its user from."""
+        return self.user if self.auth else None
 
     def require(self, session: Session, agent: str, role: access.Role) -> None:
         """Raise Forbidden (403) unless auth is off or the user holds ``role`` on ``agent``."""
@@ -180,13 +188,46 @@ async def app_temporal(state: Any) -> Client:
 async def get_temporal(request: Request, _caller: CallerDep) -> Client:
     """The app's Temporal client, connecting on first use; 503 ``engine_unavailable`` if down.
 
-    Depends on the caller so that an unauthenticated request is refused (401)
-    before it can make the API open a connection to Temporal.
+    Takes the caller so that an unauthenticated request is refused (401) before it can
+    make the API open a connection to Temporal. Routes call it (or :class:`Temporal`)
+    once they have validated the request, never as a dependency: FastAPI runs
+    dependencies before it validates the body, so a malformed request would be a 503
+    while Temporal is down instead of its 422.
     """
     return await app_temporal(request.app.state)
 
 
+@dataclass(frozen=True)
+class Temporal:
+    """The app's Temporal client, not connected yet: ``await temporal.client()`` once the
+    route has validated its request (body, references, ACL), so that a bad request gets
+    its 4xx whether Temporal is up or not and only a valid one can be a 503
+    ``engine_unavailable`` (:func:`app_temporal`)."""
+
+    state: Any
+
+    async def client(self) -> Client:
+        """The connected client (connects on first use); raises EngineUnavailable (503)."""
+        return await app_temporal(self.state)
+
+
+def get_temporal_later(request: Request, _caller: CallerDep) -> Temporal:
+    """:class:`Temporal` for a route: resolving it connects nothing (the caller is still
+    checked first, 401)."""
+    return Temporal(request.app.state)
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_workspaces(request: Request) -> WorkspaceStore:
+    """The session workspaces' store the lifespan opened (``BATON_WORKSPACE_*``)."""
+    store: WorkspaceStore = request.app.state.workspaces
+    return store
+
+
 EngineDep = Annotated[Engine, Depends(get_engine)]
+WorkspacesDep = Annotated[WorkspaceStore, Depends(get_workspaces)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-TemporalDep = Annotated[Client, Depends(get_temporal)]
+#: The lazy Temporal client of a route (:class:`Temporal`): connect after validating.
+TemporalDep = Annotated[Temporal, Depends(get_temporal_later)]

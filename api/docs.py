@@ -1,4 +1,4 @@
-"""``/docs`` without the network (issue 12, item 7): Swagger UI's JavaScript, CSS and
+"""``/docs`` without the network: Swagger UI's JavaScript, CSS and
 icon are served by the app from the ``swagger-ui-bundle-v2`` package (Swagger UI 5, which
 renders OpenAPI 3.1), never from a CDN, so the docs work on an offline machine."""
 

@@ -1,5 +1,5 @@
 """The MCP server ``agents`` at ``/mcp`` (streamable HTTP): the five X-Agent tools for agents
-that run outside Baton (issue 13, Gamut X-Agent 'How it works', docs/mcp.md).
+that run outside Baton (Gamut X-Agent 'How it works', docs/mcp.md).
 
 Built with the official SDK's :class:`mcp.server.mcpserver.MCPServer` (mcp 2.x).
 Every request carries ``Authorization: Bearer <proxy_token>``; :class:`ProxyAuth`
@@ -13,9 +13,10 @@ translates. Stateless HTTP: any API replica can answer any request (docs/deploym
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -119,11 +120,31 @@ async def _call(ctx: Context, tool: str, **args: Any) -> CallToolResult:
     return _text(result)
 
 
+@contextmanager
+def root_logging_kept() -> Iterator[None]:
+    """Undo whatever the block does to the root logger's handlers and level.
+
+    The SDK's ``MCPServer`` runs its ``configure_logging`` when built: a
+    ``logging.basicConfig`` that puts a Rich handler on the root logger of the whole
+    process (the API's, and in `baton dev` the worker's too). Logging is the
+    application's to configure, never a library's.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def build_server() -> MCPServer:
-    """The ``agents`` server with exactly the five tools of Gamut's X-Agent."""
-    server: MCPServer = MCPServer(
-        "agents", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
-    )
+    """The ``agents`` server with exactly the five tools of Gamut's X-Agent; the root
+    logger is left as it was (:func:`root_logging_kept`)."""
+    with root_logging_kept():
+        server: MCPServer = MCPServer(
+            "agents", instructions=INSTRUCTIONS, version="1", log_level="WARNING"
+        )
 
     @server.tool()
     async def list_agents(ctx: Context) -> CallToolResult:
@@ -160,8 +181,10 @@ def build_server() -> MCPServer:
     async def get_agent_session_transcript(
         slug: str, session_id: str, ctx: Context, sync: bool = False
     ) -> CallToolResult:
-        """A session's transcript: a status line, then the messages. sync=true waits for a
-        running turn to finish first."""
+        """A session's transcript: a status line, then one entry per message, starting with
+        its header ([user], [assistant <slug>], [tool <name>]); its further lines start with
+        '  | '. 'via external process' marks what an outside process wrote. sync=true waits
+        for a running turn to finish first."""
         return await _call(
             ctx, "get_agent_session_transcript", slug=slug, session_id=session_id, sync=sync
         )

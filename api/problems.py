@@ -3,7 +3,10 @@
 Domain errors map by type (:class:`baton.errors.BatonError` carries ``code`` and
 ``status``); request validation errors become 422 ``validation_error`` naming
 the field, except the removed ``maxFanout`` field, which is a 400
-``removed_field`` like every other publish-time spec error.
+``removed_field`` like every other publish-time spec error. A database error is mapped by
+its own handler (503 ``database_unavailable``, 409 ``concurrent_modification``) and anything
+else unexpected by :class:`UnexpectedErrors` (500 ``internal_error``): neither re-raises, so
+each is logged once and the client's connection stays open.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from baton.errors import (
     BatonError,
@@ -106,22 +111,68 @@ def install_problem_handlers(app: FastAPI) -> None:
             }
         )
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # A handler of its own, not the catch-all: Starlette's ServerErrorMiddleware (which runs
+    # the handler of `Exception`) re-raises after answering, so uvicorn logged a traceback
+    # for every 503 and dropped the keep-alive connection under the client's next request.
+    @app.exception_handler(SQLAlchemyError)
+    async def _database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
         mapped = from_database_error(exc)
-        if mapped is not None:
-            log.warning("%s %s: %s", request.method, request.url.path, mapped.detail)
-            return problem_response(mapped.to_problem())
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(
-            {
-                "type": "about:blank",
-                "title": "Internal server error",
-                "status": 500,
-                "detail": "an unexpected error occurred; it has been logged",
-                "code": "internal_error",
-            }
-        )
+        if mapped is None:
+            return _internal_error(request.method, request.url.path)
+        log.warning("%s %s: %s", request.method, request.url.path, mapped.detail)
+        return problem_response(mapped.to_problem())
+
+    app.add_middleware(UnexpectedErrors)  # first added, so innermost: inside the others
+
+
+INTERNAL_ERROR = {
+    "type": "about:blank",
+    "title": "Internal server error",
+    "status": 500,
+    "detail": "an unexpected error occurred; it has been logged",
+    "code": "internal_error",
+}
+
+
+def _internal_error(method: str, path: str) -> JSONResponse:
+    """Log the exception being handled (one record, with its traceback) and answer the
+    500 problem ``internal_error``, which tells nothing of the failure."""
+    log.exception("unhandled error on %s %s", method, path)
+    return problem_response(dict(INTERNAL_ERROR))
+
+
+class UnexpectedErrors:
+    """A pure ASGI middleware answering 500 problem+json ``internal_error`` for an exception
+    no handler mapped, and keeping the connection: the exception stops here, so uvicorn
+    neither logs it a second time nor closes the keep-alive connection (Starlette's own
+    catch-all, ServerErrorMiddleware, always re-raises after answering). Installed by
+    :func:`install_problem_handlers` as the innermost middleware, so the body limit and
+    the request metrics see the 500 like any answer. When the response had already started
+    (a stream failing midway) the exception goes on: closing the connection is then the
+    only way to tell the client the body is cut."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._app(scope, receive, sending)
+        except Exception:
+            if started:
+                raise
+            response = _internal_error(scope["method"], scope["path"])
+            await response(scope, receive, send)
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -139,7 +190,7 @@ def _problem_entry(description: str) -> dict[str, Any]:
     }
 
 
-#: What every /v1 route can answer besides its own problems (issue 10, item 11): the
+#: What every /v1 route can answer besides its own problems: the
 #: caller's identity (auth mode), the caller's rights on a named resource or on the
 #: organisation (auth mode), and a body FastAPI cannot read at all.
 UNAUTHORIZED = "Auth mode: no or an unknown bearer token (`unauthorized`)"

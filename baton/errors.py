@@ -203,9 +203,22 @@ class SessionNotFound(NotFound):
     code = "session_not_found"
 
 
+class ExhibitNotFound(NotFound):
+    """No exhibit with content of that id was shown in that session (docs/exhibits.md)."""
+
+    code = "exhibit_not_found"
+
+
 class SessionBusy(Conflict):
     code = "session_busy"
     title = "Session is running a turn"
+
+
+class QueueFull(Conflict):
+    """A message sent with if_busy=enqueue or interrupt finds the session's queue full."""
+
+    code = "queue_full"
+    title = "Too many messages wait for this session"
 
 
 class SessionClosed(Conflict):
@@ -280,6 +293,6 @@ class InvalidPrompt(BatonError):
 
 class SessionExternal(Conflict):
     """The session is external: an outside process takes its turns, no model turn runs
-    there (409; issue 13)."""
+    there (409)."""
 
     code = "session_external"

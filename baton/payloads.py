@@ -6,7 +6,7 @@ blob limit (``limit.blobSize.error``, 2 MiB by default; a warning past
 too) is refused before upload by the SDK core (``temporalio_common::payload_limits``:
 ``[TMPRL1103] Attempted to upload payloads with size that exceeded the error limit``,
 ``limit=2097152``), and a refused result fails the activity the same way on every retry
-(issue 10, item 8: a model turn retried 6 times, ~32 s). The workflow's
+(a model turn retried 6 times, ~32 s, for nothing). The workflow's
 payload decoder also has a recursion limit the activity's encoder does not. So results
 are bounded here, before they are returned, and what would break a bound is turned into
 something the model can act on (a tool error, a validation error fed back) where the

@@ -7,12 +7,11 @@ Users and models write patterns Baton runs: playbook ``when`` and team route ``w
 - parsed with the `regex` module's own parser and refused when the compiled pattern
   would be too big (:func:`expanded_size`): `regex` copies the body of a counted repeat
   ``{n}`` / ``{n,m}`` ``n`` times when compiling, so nested counts take seconds and
-  gigabytes (``((\\\\{1000}){1000}){3}`` is 3,000,000 copies of ``\\\\``; issue 10, item 7b);
+  gigabytes (``((\\\\{1000}){1000}){3}`` is 3,000,000 copies of ``\\\\``);
 - compiled without `regex`'s own unbounded-by-size cache, into one LRU cache bounded by
   the summed expanded size of its entries (which also bounds their count);
 - searched with a time limit and ``concurrent=True``, so a backtracking pattern
-  (``^(a+)+$``) releases the GIL and stops at the limit instead of stalling the process
-  (issue 10, item 7a).
+  (``^(a+)+$``) releases the GIL and stops at the limit instead of stalling the process.
 
 Pure and I/O-free: safe to import from workflow code.
 """

@@ -7,28 +7,73 @@ the database URL is rendered with its password hidden in ``repr``.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from temporalio.envconfig import ClientConfigProfile
 
-from baton import temporal_ui
-from baton.contracts import SessionConfig
+from baton import outbound, temporal_ui
+from baton.contracts.evals import PublishGate
+from baton.contracts.values import DeliveryConfig, ExhibitLimits
+from baton.contracts.workflow_io import SessionConfig
 from baton.errors import InvalidSettings
 
 DEFAULT_DATABASE_URL = "sqlite:///./.baton/baton.db"
+#: Seconds a message refused ``session_busy`` is delivered again while the session's stored
+#: status says it is idle (``BATON_MESSAGE_SETTLE_TIMEOUT``).
+DEFAULT_MESSAGE_SETTLE_S = 30.0
+#: Seconds a workflow task waits on a worker's sticky queue before any worker may take it
+#: (``BATON_WORKER_STICKY_TIMEOUT``; the SDK's own default is 10).
+DEFAULT_STICKY_TIMEOUT_S = 5.0
 #: Shortest accepted BATON_REVIEW_SECRET (characters): 32 random URL-safe characters
 #: carry about 190 bits, beyond guessing; shorter values are likely placeholders.
 MIN_REVIEW_SECRET = 32
+#: Fewest bits of entropy a BATON_REVIEW_SECRET must show (:func:`secret_entropy_bits`).
+#: Any secret a generator makes clears it with room (32 random hex characters show ~90
+#: bits, `secrets.token_urlsafe(32)` ~190); 32 spaces show 0, `abab…` 32.
+MIN_REVIEW_SECRET_BITS = 64
 #: Proof key when BATON_REVIEW_SECRET is unset and auth is off. Public on purpose: a
 #: proof made with it only tells a decision that came through the API from one typed at
 #: the Temporal CLI; it authenticates nobody (outside auth mode nobody is authenticated).
 DEV_REVIEW_KEY = b"baton review proofs: public development key, set BATON_REVIEW_SECRET"
+
+
+def secret_entropy_bits(secret: str) -> float:
+    """An upper estimate of the entropy of ``secret`` in bits: its length times the Shannon
+    entropy of its characters' frequencies (a string of one repeated character has 0).
+
+    It cannot tell a random secret from a clever placeholder; it refuses the ones that
+    carry nothing (blanks, one character repeated, short cycles).
+    """
+    counts = Counter(secret)
+    n = len(secret)
+    return sum(c * math.log2(n / c) for c in counts.values())
+
+
+def check_review_secret(secret: str) -> str:
+    """The one rule of a review secret's strength: at least :data:`MIN_REVIEW_SECRET`
+    characters and :data:`MIN_REVIEW_SECRET_BITS` bits (:func:`secret_entropy_bits`).
+    Returns ``secret``; raises ValueError with one line that never contains it."""
+    if len(secret) < MIN_REVIEW_SECRET:
+        msg = f"must be at least {MIN_REVIEW_SECRET} characters (it has {len(secret)})"
+        raise ValueError(msg)
+    bits = secret_entropy_bits(secret)
+    if bits < MIN_REVIEW_SECRET_BITS:
+        msg = (
+            f"carries about {bits:.0f} bits of entropy, fewer than {MIN_REVIEW_SECRET_BITS} "
+            "(blanks or repeated characters): generate one, e.g. `python -c 'import "
+            "secrets; print(secrets.token_urlsafe(32))'`"
+        )
+        raise ValueError(msg)
+    return secret
 
 
 def _package_version() -> str:
@@ -40,7 +85,7 @@ def _package_version() -> str:
 
 
 #: BATON_CONTEXT_MESSAGES' default: ~50 turns with tool calls, a few tens of thousands of
-#: tokens of ordinary chat, well inside current models' windows (issue 14).
+#: tokens of ordinary chat, well inside current models' windows.
 DEFAULT_CONTEXT_MESSAGES = 200
 
 
@@ -61,7 +106,13 @@ class Settings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="BATON_", env_file=".env", extra="ignore", validate_default=True
+        env_prefix="BATON_",
+        env_file=".env",
+        extra="ignore",
+        validate_default=True,
+        # A refused value is never echoed: it may be a secret (the review secret, a URL
+        # with its password), and a ValidationError reaches logs and tracebacks.
+        hide_input_in_errors=True,
     )
     _ui_namespace: str | None = PrivateAttr(default=None)
 
@@ -91,6 +142,20 @@ class Settings(BaseSettings):
         description="Seconds a policy review waits for a decision before it is denied "
         "(Gamut X-Agent Policies, 'Review timeout'); read at launch: a running session keeps "
         "its value.",
+    )
+    max_queued_messages: int = Field(
+        default=_session_default("max_queued_messages"),
+        ge=0,
+        le=1000,
+        description="Messages sent with if_busy=enqueue or interrupt one session holds while "
+        "a turn runs; one more is refused 409 queue_full. Read at launch.",
+    )
+    eval_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Replays one eval runs at once (docs/change-safely.md, Replay against a "
+        "candidate); each is a session answering its recorded turns. Read when the eval starts.",
     )
     session_idle_timeout: float = Field(
         default=_session_default("idle_timeout_s"),
@@ -158,16 +223,35 @@ class Settings(BaseSettings):
         description="Default model as pydantic-ai names it (e.g. openai:gpt-4o-mini); "
         "unset = the offline scripted model.",
     )
-    # Issue 10, item 5: review decisions delivered by the API carry a proof (HMAC) keyed
-    # with this secret; the worker's settle_review verifies it. Checked by review_key().
+    # review decisions delivered by the API carry a proof (HMAC) keyed
+    # with this secret; the worker's settle_review verifies it. Its strength is checked when
+    # the settings are read (_strong_review_secret), its presence by review_key().
     review_secret: SecretStr | None = Field(
         default=None,
         description="Key of the proofs on review decisions (HMAC-SHA256), at least "
-        f"{MIN_REVIEW_SECRET} characters, the same on every API replica and worker; "
+        f"{MIN_REVIEW_SECRET} characters with {MIN_REVIEW_SECRET_BITS} bits of entropy (no "
+        "blanks or repeated characters), the same on every API replica and worker; "
         "required with BATON_AUTH=on. Unset with auth off, a public development key is "
         "used (proofs then only tell API decisions from raw Signals).",
     )
-    # Issue 11 (helper E): the Temporal connection, worker versioning and shutdown.
+    outbound_allow: str = Field(
+        default="",
+        max_length=4000,
+        description="Networks (CIDRs, comma or space separated, e.g. 127.0.0.1/32,10.0.0.0/8) "
+        "a spec's MCP server URLs and webhook receivers may reach in auth mode besides "
+        "public addresses; with "
+        "BATON_AUTH=on loopback, link-local (cloud metadata), private and other non-public "
+        "addresses are refused otherwise, checked on the resolved address.",
+    )
+    publish_gate: str = Field(
+        default="",
+        max_length=500,
+        description="The publish gate of every agent whose spec sets none "
+        "(docs/change-safely.md, 'The publish gate'): JSON or "
+        "eval_sessions=10,max_changed=2,max_regressions=0 (max_regressions defaults to 0; "
+        "each 0 to 1000, eval_sessions at least 1). Unset = no gate.",
+    )
+    # the Temporal connection, worker versioning and shutdown.
     temporal_env_config: bool = Field(
         default=True,
         description="Read Temporal's client profile like the `temporal` CLI does "
@@ -182,7 +266,7 @@ class Settings(BaseSettings):
         description="Seconds a connection to Temporal may take before startup fails (one "
         "line, exit 1).",
     )
-    # Issue 11: the worker's SIGTERM drain (deploy/ names it: terminationGracePeriodSeconds).
+    # the worker's SIGTERM drain (deploy/ names it: terminationGracePeriodSeconds).
     worker_graceful_shutdown_s: float = Field(
         default=30.0,
         ge=0,
@@ -192,7 +276,7 @@ class Settings(BaseSettings):
         "before cancelling them (they are retried elsewhere); keep it below the pod's "
         "terminationGracePeriodSeconds.",
     )
-    # Issue 14: the worker's memory is this many open runs at most (bench/held.py).
+    # the worker's memory is this many open runs at most (bench/held.py).
     worker_max_cached_workflows: int = Field(
         default=1000,
         ge=0,
@@ -201,6 +285,45 @@ class Settings(BaseSettings):
         "~240 KB each for a session waiting on a review, bench/README.md). Past it the "
         "least recently used run is evicted: it stays open on the server and its next "
         "task replays its history. 0: no cache, every task replays.",
+    )
+    worker_sticky_timeout: float = Field(
+        default=DEFAULT_STICKY_TIMEOUT_S,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds a session's next workflow task waits for the worker that "
+        "holds the session in memory (Temporal's sticky queue) before any worker may take "
+        "it. A killed worker's sessions wait this long before another worker resumes them "
+        "(the SDK's default is 10); a live worker past it replays the history instead.",
+    )
+    idempotency_ttl: float = Field(
+        default=86_400.0,
+        ge=60,
+        le=30 * 86400,
+        allow_inf_nan=False,
+        description="Seconds an Idempotency-Key (and the first answer it replays) is kept "
+        "after its request; past it the key is purged and may be used again (docs/api.md, "
+        "Idempotency).",
+    )
+    idempotency_lease: float = Field(
+        default=15.0,
+        ge=0.5,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a request with an Idempotency-Key holds its key without the "
+        "API renewing it (renewed every third of it while the request runs). A retry "
+        "meanwhile is 409 idempotency_key_in_flight; once a killed API process stops "
+        "renewing, a retry on any replica takes the request over.",
+    )
+    message_settle_timeout: float = Field(
+        default=DEFAULT_MESSAGE_SETTLE_S,
+        ge=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds the API keeps delivering a message the workflow refuses as "
+        "busy while the session's stored status says idle: its last turn has stored its "
+        "reply, and the workflow has yet to see it (a worker killed in between leaves that "
+        "task on its sticky queue, BATON_WORKER_STICKY_TIMEOUT). Past it: 409 session_busy.",
     )
     worker_deployment: str | None = Field(
         default=None,
@@ -217,7 +340,7 @@ class Settings(BaseSettings):
         pattern=r"^[^\s]+$",
         description="Worker Versioning build id of this worker (default: Baton's version).",
     )
-    # Issue 10 item 10: how soon a lost worker's work resumes elsewhere (SessionConfig).
+    # how soon a lost worker's work resumes elsewhere (SessionConfig).
     heartbeat_timeout: float = Field(
         default=_session_default("heartbeat_timeout_s"),
         gt=0,
@@ -259,7 +382,7 @@ class Settings(BaseSettings):
         le=1000,
         description="Retryable provider errors after which a model call fails for good.",
     )
-    # Issue 10 item 6: token_budget reservations.
+    # token_budget reservations.
     max_output_tokens: int = Field(
         default=_session_default("max_output_tokens"),
         ge=1,
@@ -267,7 +390,7 @@ class Settings(BaseSettings):
         description="Under a token_budget: the most output tokens one model call reserves "
         "(its max_tokens, also capped to what the budget has left).",
     )
-    # Issue 14: a turn on a long session reads a bounded window, never the whole transcript.
+    # a turn on a long session reads a bounded window, never the whole transcript.
     context_messages: int = Field(
         default=DEFAULT_CONTEXT_MESSAGES,
         ge=0,
@@ -276,7 +399,29 @@ class Settings(BaseSettings):
         "the session (trimmed to start at a user message), after the agent's system prompt, "
         "which is always sent. 0 = the whole transcript.",
     )
-    # --- issue 15: the ambassador ---
+    # --- exhibits (docs/exhibits.md) ---
+    exhibit_max_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        ge=1,
+        le=64 * 1024 * 1024,
+        description="Largest decoded content of one image or download exhibit (bytes).",
+    )
+    exhibit_max_inline_chars: int = Field(
+        default=64_000,
+        ge=1,
+        le=1_000_000,
+        description="Longest markdown text or chart spec (its JSON) one exhibit shows.",
+    )
+    exhibit_max_columns: int = Field(
+        default=50, ge=1, le=1000, description="Most columns of one table exhibit."
+    )
+    exhibit_max_rows: int = Field(
+        default=500, ge=1, le=100_000, description="Most rows of one table exhibit."
+    )
+    exhibit_max_cell_chars: int = Field(
+        default=2_000, ge=1, le=100_000, description="Longest cell of a table exhibit."
+    )
+    # --- the ambassador ---
     default_ambassador: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9-]{0,62}(@[1-9][0-9]{0,8})?$",
@@ -307,13 +452,118 @@ class Settings(BaseSettings):
         default="whisper-1", max_length=200, description="Speech-to-text model of the voice."
     )
     voice_name: str = Field(default="alloy", max_length=100, description="The speaking voice.")
-    # Issue 12 item 6 (helper I): the worker's Prometheus endpoint (baton.telemetry).
+    # the worker's Prometheus endpoint (baton.telemetry).
     metrics_bind: str | None = Field(
         default=None,
         pattern=r"^[^\s:/]*:[0-9]{1,5}$",
         description="host:port where a worker serves Prometheus metrics (the Temporal "
         "SDK's and Baton's counters), e.g. 0.0.0.0:9464; unset = off.",
     )
+
+    # Webhooks (docs/webhooks.md): how deliveries are attempted and where their links point.
+    webhook_timeout: float = Field(
+        default=10.0, gt=0, le=120, description="Seconds one webhook POST may take."
+    )
+    webhook_max_attempts: int = Field(
+        default=10, ge=1, le=50, description="Attempts of one webhook delivery in all."
+    )
+    webhook_retry_initial: float = Field(
+        default=2.0,
+        gt=0,
+        le=3600,
+        description="Seconds before a webhook's first retry; each next retry waits twice as long.",
+    )
+    webhook_retry_max: float = Field(
+        default=900.0, gt=0, le=86_400, description="Longest wait between two webhook attempts."
+    )
+    public_url: str | None = Field(
+        default=None,
+        max_length=500,
+        pattern=r"^https?://",
+        description="Base URL of the API as a webhook receiver reaches it (the console and "
+        "decision links of a payload); unset = BATON_API_URL.",
+    )
+
+    # Session workspaces (docs/workspaces.md): where files live and how much they may hold.
+    workspace_url: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="Where session workspaces are stored, as an fsspec URL: a local "
+        "directory (`/var/lib/baton/workspaces`, `file://…`) or an S3-compatible bucket "
+        "(`s3://bucket/prefix`, needs the `s3` extra). Unset: `workspaces/` beside a "
+        "SQLite database, else `./.baton/workspaces`.",
+    )
+    workspace_s3_endpoint: str | None = Field(
+        default=None,
+        max_length=500,
+        pattern=r"^https?://",
+        description="Endpoint URL of an S3-compatible service (MinIO, Ceph, R2, …) for an "
+        "`s3://` BATON_WORKSPACE_URL; unset = AWS. Credentials come from the standard AWS "
+        "variables or credential chain (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, …), "
+        "never from Baton's settings.",
+    )
+    workspace_max_file_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1,
+        le=5 * 1024**3,
+        description="Largest file a workspace holds (bytes); one byte more is refused "
+        "file_too_large.",
+    )
+    workspace_max_files: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="Files one workspace holds; a new file past it is refused too_many_files.",
+    )
+    workspace_quota_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1,
+        le=1024**4,
+        description="Bytes one workspace holds in all; a write that would pass it is "
+        "refused workspace_quota_exceeded.",
+    )
+    workspace_max_read_bytes: int = Field(
+        default=64 * 1024,
+        ge=1,
+        le=1024 * 1024,
+        description="Most bytes one read_file tool call returns to the model (a larger "
+        "file is read in parts with offset and length).",
+    )
+    workspace_refused_types: str = Field(
+        default="",
+        max_length=4000,
+        description="Content types (comma separated, `type/*` allowed) a workspace refuses "
+        "to store, e.g. `application/x-msdownload,text/html`; empty = none. Whatever is "
+        "stored, active types (HTML, SVG, XML, JavaScript) are never served inline.",
+    )
+
+    @field_validator("outbound_allow")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        outbound.parse_networks(value)  # ValueError naming the bad entry
+        return value
+
+    @field_validator("publish_gate")
+    @classmethod
+    def _gate(cls, value: str) -> str:
+        try:
+            PublishGate.parse(value)
+        except ValueError as exc:
+            raise PydanticCustomError(
+                "invalid_gate", "not a publish gate: {reason}", {"reason": str(exc)}
+            ) from None
+        return value
+
+    @field_validator("review_secret")
+    @classmethod
+    def _strong_review_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        # PydanticCustomError: its message is shown as written (one line, no "Value error").
+        if value is not None:
+            try:
+                check_review_secret(value.get_secret_value())
+            except ValueError as exc:
+                raise PydanticCustomError("weak_secret", "{reason}", {"reason": str(exc)}) from None
+        return value
 
     @model_validator(mode="after")
     def _depth_within_ceiling(self) -> Settings:
@@ -326,14 +576,16 @@ class Settings(BaseSettings):
         return self
 
     def review_key(self) -> bytes:
-        """The key of review-decision proofs (issue 10, item 5; docs/xagent.md, "Reviews").
+        """The key of review-decision proofs (docs/xagent.md, "Reviews").
 
         ``BATON_REVIEW_SECRET`` when set; unset with auth off, the public
         :data:`DEV_REVIEW_KEY` (there is no identity to protect: every API caller
         is ``local``). The API and the worker call this at start so a bad
         configuration stops them there, never mid-review. Raises InvalidSettings
-        when auth is on and the secret is unset, or when it is shorter than
-        :data:`MIN_REVIEW_SECRET` characters. The message never contains the secret.
+        when auth is on and the secret is unset. A weak secret (shorter than
+        :data:`MIN_REVIEW_SECRET` characters, or without :data:`MIN_REVIEW_SECRET_BITS`
+        bits of entropy: :func:`check_review_secret`) never gets this far: reading the
+        settings refuses it. No message ever contains the secret.
         """
         if self.review_secret is None:
             if self.auth == "on":
@@ -344,14 +596,41 @@ class Settings(BaseSettings):
                 )
                 raise InvalidSettings(msg)
             return DEV_REVIEW_KEY
-        secret = self.review_secret.get_secret_value()
-        if len(secret) < MIN_REVIEW_SECRET:
-            msg = (
-                f"BATON_REVIEW_SECRET must be at least {MIN_REVIEW_SECRET} characters "
-                f"(it has {len(secret)})"
-            )
-            raise InvalidSettings(msg)
-        return secret.encode()
+        # Its strength was checked when the settings were read (_strong_review_secret).
+        return self.review_secret.get_secret_value().encode()
+
+    def outbound_policy(self) -> outbound.OutboundPolicy:
+        """Where the worker may connect for a spec's URLs (``mcp_servers``): with auth on,
+        public addresses and the ``BATON_OUTBOUND_ALLOW`` networks only; with auth off,
+        anywhere (:mod:`baton.outbound`)."""
+        return outbound.OutboundPolicy(
+            restricted=self.auth == "on", allow=outbound.parse_networks(self.outbound_allow)
+        )
+
+    def exhibit_limits(self) -> ExhibitLimits:
+        """What one exhibit may hold (``BATON_EXHIBIT_*``), for the worker's activities."""
+        return ExhibitLimits(
+            max_bytes=self.exhibit_max_bytes,
+            max_inline_chars=self.exhibit_max_inline_chars,
+            max_columns=self.exhibit_max_columns,
+            max_rows=self.exhibit_max_rows,
+            max_cell_chars=self.exhibit_max_cell_chars,
+        )
+
+    def publish_gate_config(self) -> PublishGate | None:
+        """The deployment's publish gate (``BATON_PUBLISH_GATE``), None when unset; a
+        malformed one never gets this far (reading the settings refuses it)."""
+        return PublishGate.parse(self.publish_gate)
+
+    def webhook_config(self) -> DeliveryConfig:
+        """How webhook deliveries are attempted and linked (workflows cannot read settings)."""
+        return DeliveryConfig(
+            timeout_s=self.webhook_timeout,
+            max_attempts=self.webhook_max_attempts,
+            retry_initial_s=self.webhook_retry_initial,
+            retry_max_s=max(self.webhook_retry_max, self.webhook_retry_initial),
+            public_url=(self.public_url or self.api_url).rstrip("/"),
+        )
 
     def session_config(self) -> SessionConfig:
         """The engine settings a new session runs with (workflows cannot read settings)."""
@@ -359,6 +638,7 @@ class Settings(BaseSettings):
             default_model=self.model,
             review_timeout_s=self.review_timeout,
             idle_timeout_s=self.session_idle_timeout,
+            max_queued_messages=self.max_queued_messages,
             max_delegation_depth=self.max_delegation_depth,
             auth=self.auth == "on",
             allow_adhoc_delegation=self.allow_adhoc_delegation,
@@ -406,7 +686,7 @@ class Settings(BaseSettings):
 
     def workflows_url(self, query: str) -> str:
         """Temporal Web UI link to the workflow list filtered by visibility ``query``
-        (``BatonRoot = "session-…"``) in Baton's namespace (issue 12, item 1)."""
+        (``BatonRoot = "session-…"``) in Baton's namespace."""
         path = temporal_ui.workflows_path(self.ui_namespace, query)
         return temporal_ui.absolute(self.temporal_ui_url, path)
 

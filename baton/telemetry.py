@@ -1,4 +1,4 @@
-"""Tracing and metrics (issue 12, items 5 and 6; docs/operations.md).
+"""Tracing and metrics (docs/operations.md).
 
 **Tracing** is off unless the standard OpenTelemetry variables ask for it (see
 :func:`exporter_names`). When on, one trace spans an API request (FastAPI
@@ -7,14 +7,17 @@ SDK's ``TracingInterceptor``, on the client so every worker built on it has it t
 → the model's HTTP call (httpx/httpx2 instrumentation); :func:`annotate` adds Baton's
 attributes (``baton.agent``, ``baton.session``, ``baton.review``…) to the current span.
 
-**Metrics**: Baton's counters (:func:`count_turn`, :func:`count_review`,
-:func:`count_delegation`) are recorded through the Temporal SDK's metric meter of the
-activity that runs them, so a worker exposes them on the same Prometheus endpoint as
-the SDK's own metrics (``BATON_METRICS_BIND``, :func:`worker_runtime`); outside an
-activity, or with metrics off, they record nothing. The API's request metrics are
-prometheus-client's (:class:`RequestMetrics`, served at ``/metrics``).
+**Metrics**: Baton's counters (:func:`count_turn`, :func:`count_review_opened`,
+:func:`count_review`, :func:`count_delegation`) are recorded through the Temporal SDK's
+metric meter of the activity that runs them, so a worker exposes them on the same
+Prometheus endpoint as the SDK's own metrics (``BATON_METRICS_BIND``,
+:func:`worker_runtime`); outside an activity, or with metrics off, they record nothing.
+:func:`at_commit` defers one until its transaction commits. The API's metrics are
+prometheus-client's (:class:`RequestMetrics`, served at ``/metrics``): requests, and the
+balance read from the database at each scrape.
 
-Nothing here runs at import time; the environment is read on the first call.
+Nothing here runs at import time but the registration of :func:`at_commit`'s two
+session listeners; the environment is read on the first call.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -33,6 +36,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest as _generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import event as sa_event
+from sqlalchemy.orm import Session
 from temporalio import activity
 from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.contrib.opentelemetry import TracingInterceptor
@@ -138,6 +145,15 @@ def tracer_provider() -> TracerProvider | None:
     return _state["provider"]
 
 
+def shutdown() -> None:
+    """Export what tracing still buffers and stop it; nothing when tracing is off or was
+    never read. For a process that ends with ``os._exit`` (OpenTelemetry's own exit hook
+    never runs there)."""
+    provider = _state.get("provider")
+    if provider is not None:
+        provider.shutdown()
+
+
 def client_interceptors() -> list[ClientInterceptor]:
     """Interceptors for ``Client.connect``: the SDK's TracingInterceptor when tracing is on.
 
@@ -177,16 +193,32 @@ def annotate(**attributes: str | int | None) -> None:
 # --- metrics ---------------------------------------------------------------------------
 
 
+#: Upper bounds (seconds) of ``baton_review_decision_seconds``'s buckets: a review waits
+#: for a person, from seconds to the longest ``BATON_REVIEW_TIMEOUT`` (7 days); the SDK's
+#: default buckets (50 to 10,000) suit milliseconds.
+REVIEW_DECISION_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 21600, 86400, 604800)
+
+
 @functools.cache
 def worker_runtime(bind: str) -> Runtime:
     """A Temporal runtime serving Prometheus metrics on ``bind`` (``host:port``).
 
     One per address and process (the port binds once). The SDK's metrics and Baton's
-    counters (recorded through the activities' meter) share this endpoint. Raises
-    InvalidSettings when the address is malformed or taken.
+    counters (recorded through the activities' meter) share this endpoint. Counters are
+    exported with the ``_total`` suffix (``baton_turns_total``,
+    ``temporal_request_total``): the Prometheus text format stores a name as served, and
+    without it the SDK would serve ``baton_turns``. Raises InvalidSettings when the
+    address is malformed or taken.
     """
+    config = PrometheusConfig(
+        bind_address=bind,
+        counters_total_suffix=True,
+        histogram_bucket_overrides={
+            "baton_review_decision_seconds": [float(b) for b in REVIEW_DECISION_BUCKETS_S]
+        },
+    )
     try:
-        return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=bind)))
+        return Runtime(telemetry=TelemetryConfig(metrics=config))
     except (RuntimeError, ValueError) as exc:
         msg = f"BATON_METRICS_BIND={bind}: {' '.join(str(exc).split())}"
         raise InvalidSettings(msg) from exc
@@ -220,14 +252,57 @@ def count_turn(
         ).with_additional_attributes(labels).record(cost_usd)
 
 
-def count_review(*, outcome: str) -> None:
-    """Count one settled review, ``baton_reviews{outcome}`` (allowed | denied |
-    timed_out). Called where a review settles (activities/xagent.py ``_settle``)."""
+_AT_COMMIT = "baton.telemetry.at_commit"
+
+
+def at_commit(session: Session, record: Callable[[], None]) -> None:
+    """Run ``record`` (a ``count_*`` call) once ``session``'s transaction commits; a
+    rollback drops it. So an event is counted once, when it is stored: an activity
+    retried after a failed commit counts it on the attempt that stores it, and one
+    retried after the commit finds it stored and counts nothing. A worker that dies
+    between the commit and the count loses that one count (never counts it twice).
+    ``record`` runs in the committing thread, so an activity's meter is still current. A
+    savepoint (``begin_nested``) rolled back inside the transaction does not drop it: call
+    this outside one."""
+    session.info.setdefault(_AT_COMMIT, []).append(record)
+
+
+@sa_event.listens_for(Session, "after_commit")
+def _record_committed(session: Session) -> None:
+    for record in session.info.pop(_AT_COMMIT, []):
+        record()
+
+
+@sa_event.listens_for(Session, "after_rollback")
+def _drop_rolled_back(session: Session) -> None:
+    session.info.pop(_AT_COMMIT, None)
+
+
+def count_review_opened(*, operation: str) -> None:
+    """Count one opened review, ``baton_reviews_opened{operation}`` (list | read | invoke
+    | create). Called by :func:`baton.permissions.reviews.open_review` when it inserts."""
     meter = _meter()
     if meter is not None:
-        meter.create_counter("baton_reviews", "Reviews settled").with_additional_attributes(
-            {"outcome": outcome}
+        meter.create_counter("baton_reviews_opened", "Reviews opened").with_additional_attributes(
+            {"operation": operation}
         ).add(1)
+
+
+def count_review(*, outcome: str, seconds: float) -> None:
+    """Count one settled review: ``baton_reviews{outcome}`` (allowed | denied | timed_out
+    | cancelled) and ``baton_review_decision_seconds{outcome}``, a histogram of the
+    seconds from its opening to its outcome (buckets :data:`REVIEW_DECISION_BUCKETS_S`).
+    Called by :func:`baton.permissions.reviews.count_settled` only."""
+    meter = _meter()
+    if meter is None:
+        return
+    labels = {"outcome": outcome}
+    meter.create_counter("baton_reviews", "Reviews settled").with_additional_attributes(labels).add(
+        1
+    )
+    meter.create_histogram_float(
+        "baton_review_decision_seconds", "Seconds from a review's opening to its outcome", "s"
+    ).with_additional_attributes(labels).record(max(seconds, 0.0))
 
 
 def count_delegation(*, kind: str) -> None:
@@ -240,16 +315,44 @@ def count_delegation(*, kind: str) -> None:
         ).add(1)
 
 
+class BalanceGauge(Collector):
+    """``baton_balance_usd``: the organisation's remaining balance (USD), read by
+    ``read`` at each scrape; no sample while it is unlimited (``read`` returns None) or
+    cannot be read (the scrape still serves the other metrics).
+
+    Read at scrape rather than recorded by the workers: the balance is one database row
+    that every worker charges and the API tops up, so a worker's last reading is stale as
+    soon as another process writes it, while every API replica reads the same value.
+    """
+
+    def __init__(self, read: Callable[[], float | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauge, with the balance as of now."""
+        try:
+            amount = self._read()
+        except Exception:  # a database down fails /readyz; the request metrics still serve
+            return
+        if amount is not None:
+            yield GaugeMetricFamily(
+                "baton_balance_usd", "Remaining organisation balance (USD)", value=amount
+            )
+
+
 class RequestMetrics:
-    """The API's request metrics in their own prometheus-client registry (one per app):
+    """The API's metrics in their own prometheus-client registry (one per app):
     ``baton_http_requests_total{method, route, status}`` and
     ``baton_http_request_duration_seconds{method, route}`` (time to the response's
     start; an SSE stream counts until its headers). ``route`` is the route template
-    (``/v1/sessions/{session_id}``), never the raw path, so ids add no series.
+    (``/v1/sessions/{session_id}``), never the raw path, so ids add no series. With
+    ``balance`` (a reader), also :class:`BalanceGauge`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, balance: Callable[[], float | None] | None = None) -> None:
         self.registry = CollectorRegistry()
+        if balance is not None:
+            self.registry.register(BalanceGauge(balance))
         self.requests = Counter(
             "baton_http_requests",
             "HTTP requests answered",
@@ -281,7 +384,7 @@ class MeteredApp:
     starts (500 when the app raised before starting one); ``app.add_middleware(MeteredApp,
     metrics=…)``. Pure ASGI rather than ``@app.middleware("http")``: Starlette's
     BaseHTTPMiddleware runs each request in a task group with a streamed copy of the
-    response, ~8 % of an API turn's CPU in the issue 14 profile (bench/README.md)."""
+    response, ~8 % of an API turn's CPU in the turn profile of bench/README.md."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], *, metrics: RequestMetrics) -> None:
         self._app = app

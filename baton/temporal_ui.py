@@ -1,4 +1,4 @@
-"""Links into the Temporal Web UI, and the markdown Baton puts there (issue 12, items 1, 3).
+"""Links into the Temporal Web UI, and the markdown Baton puts there.
 
 Delegated sessions are started by the ``delegate`` activity, not as child workflows, so
 the UI's Relationships tab cannot show a run's tree, and this SDK (temporalio 1.35)
@@ -24,14 +24,8 @@ import functools
 import re
 from urllib.parse import quote
 
-from baton.contracts import (
-    SA_AGENT,
-    SA_KIND,
-    SA_PARENT,
-    SA_ROOT,
-    SA_STATUS,
-    Provenance,
-)
+from baton.contracts.search import SA_AGENT, SA_KIND, SA_PARENT, SA_ROOT, SA_STATUS
+from baton.contracts.workflow_io import Provenance
 
 #: Characters markdown gives a meaning to inside a line; :func:`md_text` escapes them
 #: (``-``, ``+``, ``.`` only mean something at a line's start, where Baton never puts text).
@@ -81,7 +75,7 @@ def agent_query(slug: str) -> str:
 #: Sessions an operator must act on: a policy review waits (BatonStatus is coarse on
 #: purpose, see workflows/session.py).
 AWAITING_REVIEW_QUERY = equals(SA_STATUS.name, "awaiting_input")
-#: Steps that ended failed or rejected (their workflows fail: issue 12, item 4).
+#: Steps that ended failed or rejected (their workflows fail).
 FAILED_STEPS_QUERY = f'{equals(SA_KIND.name, "step")} AND ExecutionStatus = "Failed"'
 
 
@@ -121,6 +115,13 @@ def session_details(*, namespace: str, session_id: str, pin: str, provenance: Pr
         lines.append(f"Invoked by `{provenance.invoked_by_agent}`.")
     if provenance.team:
         lines.append(f"**Team**: `{provenance.team}`.")
+    if provenance.forked_from:
+        original = provenance.forked_from
+        lines.append(
+            f"**Forked from**: {md_link(original, page(original))} after message "
+            f"{md_text(provenance.fork_point or '?')}"
+            + (" — sandbox (runs the draft)." if provenance.sandbox else ".")
+        )
     if root not in (session_id, parent):
         lines.append(f"**Run root**: {md_link(root, page(root))}.")
     children, tree = children_query(session_id), tree_query(root)

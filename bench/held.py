@@ -1,4 +1,4 @@
-"""Issue 14's scale target in one run: 10,000 idle sessions AND 1,000 waiting on a review,
+"""The scale target in one run: 10,000 idle sessions AND 1,000 waiting on a review,
 held by one worker: worker RSS <= 500 MB, and the API still answering p95 <= 50 ms.
 
 The stack, as a deployment runs it: a Temporal dev server (``worker.stack.DevServer``,
@@ -8,7 +8,7 @@ real HTTP), on one task queue. This process builds the load itself through
 ``baton.runs.launch.launch_session`` (as ``bench/idle.py`` does):
 
 * ``--idle`` sessions of an instant scripted agent, each first turn answered; their runs
-  complete ``--idle-timeout`` seconds later (issue 12 item 2) and the next message
+  complete ``--idle-timeout`` seconds later and the next message
   starts the next run (update-with-start);
 * then ``--reviewing`` sessions of an agent whose playbook calls ``list_agents``: with
   no policy stored that call is reviewed (seed 003), so each run stays open waiting on

@@ -1,7 +1,7 @@
 """Worker memory of many idle sessions: runs held open (as before) vs completed idle.
 
-Issue 14's target: 10,000 idle sessions held by one worker, worker RSS <= 500 MB. Issue
-12 item 2 makes an idle session's run complete after ``BATON_SESSION_IDLE_TIMEOUT``, so
+The scale target: 10,000 idle sessions held by one worker, worker RSS <= 500 MB. An
+idle session's run completes after ``BATON_SESSION_IDLE_TIMEOUT``, so
 an idle session should hold nothing in the worker. This measures it.
 
 The stack: a Temporal dev server (the ``temporal`` binary next to this Python, in
@@ -61,7 +61,7 @@ from temporalio.service import RPCError  # noqa: E402
 
 from baton.agents import registry  # noqa: E402
 from baton.agents.spec import AgentSpec  # noqa: E402
-from baton.contracts import Provenance, SessionConfig, UserMessage  # noqa: E402
+from baton.contracts.workflow_io import Provenance, SessionConfig, UserMessage  # noqa: E402
 from baton.errors import AgentNotFound, EngineUnavailable  # noqa: E402
 from baton.runs import launch  # noqa: E402
 from baton.settings import Settings  # noqa: E402

@@ -1,5 +1,5 @@
 """Baton against the bare Temporal floor and a peer (pydantic-ai's durable Temporal agent), in
-one run (issue 14).
+one run.
 
 One in-memory dev server started exactly as ``baton dev`` starts it
 (:class:`worker.stack.DevServer`), one OpenAI-compatible stub model over HTTP that answers
@@ -56,7 +56,7 @@ if __name__ == "__main__":
 from bench.peer_agent import MODEL
 from bench.systems import REPLY, BareTurn, PeerTurn, noop
 
-# --- targets (issue 14) -------------------------------------------------------------------
+# --- targets -------------------------------------------------------------------
 
 TURN_RATIO = 1.5  # one turn <= 1.5x bare (and below the peer's ratio)
 THROUGHPUT_RATIO = 0.8  # 20 concurrent: >= 0.8x bare's turns/s (and above the peer's)
@@ -65,10 +65,43 @@ TRANSCRIPT_P95_MS = 100.0  # GET /transcript, paged
 TRANSCRIPT_MESSAGES = 10_000
 SSE_FOLLOWERS = 400
 #: Idle followers may cost the SQLite poller's reads (5/s) and little more, whatever their
-#: number; before issue 14 each follower read the log every 200 ms (two queries).
+#: number; a follower that polls would read the log every 200 ms (two queries).
 MAX_IDLE_SQL_PER_S = 10
+#: Sessions in the list the ``pages`` phase reads, and the depth of its deep page.
+LIST_SESSIONS, LIST_DEPTH = 20_000, 19_900
+#: Any page of the session list (cursor paging): p95 within 20 % of the first page's.
+PAGE_P95_RATIO = 1.2
+#: Followers of ONE session in the ``crowd`` phase; its turn may slow by 20 % at most.
+CROWD_FOLLOWERS, CROWD_RATIO = 300, 1.2
+#: The ``crowd`` phase's followers, run in a child process: ``argv`` = base URL, session id,
+#: how many; prints ``ready`` once every stream is open, then reads them until killed.
+FOLLOWERS_CHILD = """
+import asyncio, sys
+import httpx
+
+async def main(base, sid, n):
+    opened = 0
+    ready = asyncio.Event()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=base, timeout=None, limits=limits) as http:
+        async def follow():
+            nonlocal opened
+            async with http.stream("GET", f"/v1/sessions/{sid}/events") as resp:
+                assert resp.status_code == 200
+                opened += 1
+                if opened == n:
+                    ready.set()
+                async for _ in resp.aiter_raw():
+                    pass
+        tasks = [asyncio.create_task(follow()) for _ in range(n)]
+        await ready.wait()
+        print("ready", flush=True)
+        await asyncio.gather(*tasks)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
 #: The phases, in the order they run (``--phases``); ``--turns-only`` is ``--phases turns``.
-PHASES = ("turns", "review", "transcript", "sse")
+PHASES = ("turns", "review", "transcript", "pages", "sse", "crowd")
 
 
 def pct(xs: Sequence[float], p: float) -> float:
@@ -214,7 +247,7 @@ class Bench:
         self.lines.append(line)
 
     async def phase(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
-        """Run one Baton-only phase; a failure (e.g. code before issue 14 timing out) is
+        """Run one Baton-only phase; a failure (e.g. an older commit timing out) is
         reported as that phase's result and the others still run."""
         try:
             await run()
@@ -365,8 +398,12 @@ class Bench:
                     await self.phase("review", self.review)
                 if "transcript" in args.phases:
                     await self.phase("transcript", self.transcript)
+                if "pages" in args.phases:
+                    await self.phase("session list pages", self.pages)
                 if "sse" in args.phases:
                     await self.phase("SSE followers", self.followers)
+                if "crowd" in args.phases:
+                    await self.phase("followers of one session", self.crowd)
                 self.report_targets()
         finally:
             services.stop()
@@ -435,7 +472,7 @@ class Bench:
         if not self.targets:
             return
         self.out()
-        self.out("== targets (issue 14) ==")
+        self.out("== targets ==")
         for line in self.targets:
             self.out(line)
 
@@ -567,7 +604,7 @@ class Bench:
         """10,000 messages: paged GET p95, and a model turn on the session."""
         import sqlalchemy as sa
 
-        from baton.contracts import position
+        from baton.contracts.values import position
         from baton.storage.db import MessageRow, SessionRow, session_scope, utcnow
 
         r = await self.http.post(
@@ -644,6 +681,69 @@ class Bench:
             f"  a turn on 10k messages       baton {statistics.median(big) * 1000:6.1f} ms, "
             f"model sent {sent} of {n + 1} messages (bounded context window): "
             f"{verdict(sent < n)}"
+        )
+
+    async def pages(self) -> None:
+        """20,000 sessions: p95 of the session list's first page, of the page at depth
+        19,900 by ``offset`` and by ``cursor`` (interleaved, one request at a time)."""
+        from datetime import timedelta
+
+        import sqlalchemy as sa
+
+        from baton.runs import session_store
+        from baton.storage.db import SessionRow, session_scope, utcnow
+
+        n, depth, limit = LIST_SESSIONS, LIST_DEPTH, 50
+        start = utcnow() - timedelta(days=1)
+        rows = [
+            {
+                "id": f"session-{uuid.uuid4()}",
+                "name": f"bulk {i}",
+                "agent_slug": self.agent,
+                "agent_version": 1,
+                "status": "idle",
+                "depth": 0,
+                "sandbox": False,
+                "message_count": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "created_at": start + timedelta(milliseconds=i),
+                "last_activity_at": start + timedelta(milliseconds=i),
+            }
+            for i in range(n)
+        ]
+        with session_scope(self.engine) as s:
+            s.execute(sa.insert(SessionRow), rows)
+            total = s.execute(sa.select(sa.func.count()).select_from(SessionRow)).scalar_one()
+            # the cursor a client walking the pages would hold at that depth
+            deep, _, _ = session_store.page_sessions(s, limit=1, offset=depth - 1)
+            cursor = session_store.session_cursor(deep[0])
+        self.say(f"seeded {n} sessions ({total} in all)")
+        kinds: dict[str, dict[str, Any]] = {
+            "first page": {"limit": limit},
+            f"offset={depth}": {"limit": limit, "offset": depth},
+            f"cursor at {depth}": {"limit": limit, "cursor": cursor},
+        }
+        took: dict[str, list[float]] = {k: [] for k in kinds}
+        for params in kinds.values():  # warm the statement caches
+            r = await self.http.get("/v1/sessions", params=params)
+            assert r.status_code == 200, r.text
+        for _ in range(self.args.page_requests):
+            for name, params in kinds.items():
+                t = time.perf_counter()
+                r = await self.http.get("/v1/sessions", params=params)
+                took[name].append(time.perf_counter() - t)
+                assert r.status_code == 200 and len(r.json()["data"]) == limit, r.text
+        first95 = pct(took["first page"], 95)
+        self.out(f"== session list of {total} sessions (limit={limit}, one at a time) ==")
+        for name, xs in took.items():
+            ratio = pct(xs, 95) / first95
+            self.out(f"  GET /v1/sessions {name:<16} {ms(xs)}   {ratio:5.2f}x first")
+        ratio = pct(took[f"cursor at {depth}"], 95) / first95
+        self.targets.append(
+            f"  deep page (cursor) p95       baton {ratio:5.2f}x the first page   offset "
+            f"{pct(took[f'offset={depth}'], 95) / first95:5.2f}x   peer n/a (no API)   "
+            f"target <= {PAGE_P95_RATIO}x: {verdict(ratio <= PAGE_P95_RATIO)}"
         )
 
     async def _message(self, sid: str) -> None:
@@ -727,6 +827,64 @@ class Bench:
             f"{verdict(polls <= MAX_IDLE_SQL_PER_S and extra < 5)}"
         )
 
+    async def crowd(self) -> None:
+        """A sync turn on one session (``POST …/messages``) with 1 follower, then with
+        ``--crowd`` followers of that session, rounds interleaved; the API's log reads per
+        turn (SQL statements in this process: the worker's writes and the followers' reads)."""
+        r = await self.http.post(
+            "/v1/sessions", json={"agent": self.agent, "prompt": "hello", "sync": True}
+        )
+        sid = r.json()["session_id"]
+        counter = SqlCounter()
+
+        async def turns(n: int) -> list[float]:
+            out = []
+            for _ in range(n):
+                t = time.perf_counter()
+                await self._message(sid)
+                out.append(time.perf_counter() - t)
+            return out
+
+        took: dict[int, list[float]] = {1: [], self.args.crowd: []}
+        sql: dict[int, list[int]] = {1: [], self.args.crowd: []}
+        for rnd in range(self.args.rounds):
+            for n in (1, self.args.crowd) if rnd % 2 == 0 else (self.args.crowd, 1):
+                # The followers are clients in a process of their own, as real ones are:
+                # what the API process spends on them is what is measured.
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-c",
+                    FOLLOWERS_CHILD,
+                    str(self.http.base_url),
+                    sid,
+                    str(n),
+                    stdout=subprocess.PIPE,
+                )
+                try:
+                    assert proc.stdout is not None
+                    line = await asyncio.wait_for(proc.stdout.readline(), 300)
+                    assert line.strip() == b"ready", line
+                    await asyncio.sleep(1.0)  # every follower caught up
+                    await turns(1)  # untimed
+                    for _ in range(self.args.crowd_turns):
+                        c0 = counter.count
+                        took[n] += await turns(1)
+                        sql[n].append(counter.count - c0)
+                finally:
+                    proc.kill()
+                    await proc.wait()
+        big = self.args.crowd
+        one50, big50 = statistics.median(took[1]), statistics.median(took[big])
+        self.out(f"== one session's turn (POST messages sync) with 1 and {big} followers of it ==")
+        for n in (1, big):
+            per_turn = statistics.median(sql[n])
+            self.out(f"  {n:>4} follower(s)  {ms(took[n])}   SQL per turn {per_turn:.0f}")
+        ratio = big50 / one50
+        self.targets.append(
+            f"  {big} followers, one session  baton {ratio:5.2f}x the turn with 1 follower   "
+            f"peer n/a (no SSE API)   target <= {CROWD_RATIO}x: {verdict(ratio <= CROWD_RATIO)}"
+        )
+
     async def _message_async(self, sid: str) -> None:
         r = await self.http.post(f"/v1/sessions/{sid}/messages", json={"prompt": "hello"})
         assert r.status_code == 200, r.text
@@ -742,7 +900,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--settle", type=float, default=1.0, help="idle seconds before a burst")
     p.add_argument("--reviews", type=int, default=15, help="review decisions timed")
     p.add_argument("--page", type=int, default=100, help="transcript page size")
+    p.add_argument(
+        "--page-requests", type=int, default=60, help="requests per kind of session-list page"
+    )
     p.add_argument("--followers", type=int, default=SSE_FOLLOWERS, help="SSE followers")
+    p.add_argument("--crowd", type=int, default=CROWD_FOLLOWERS, help="followers of one session")
+    p.add_argument("--crowd-turns", type=int, default=10, help="timed turns per round and crowd")
     p.add_argument("--idle-s", type=float, default=10.0, help="CPU window with idle followers")
     p.add_argument(
         "--systems", default="bare,peer,baton", help="which of bare,peer,baton (profiling)"

@@ -3,7 +3,7 @@
 ``model_turn`` (activities/turns.py) runs two transactions per turn around its model
 call: ``SessionActivities._prepare`` (the idempotency check, balance, the user message,
 status ``running``, the agent snapshot, the context window) and ``_persist`` (metering,
-the reply, status ``idle``, their events). Issue 14's profile put them at 25 % of a
+the reply, status ``idle``, their events). The turn profile (bench/README.md) put them at 25 % of a
 turn's busy samples. This times them alone, without Temporal or a model, on a real
 database: per call, wall time and the calling thread's CPU time.
 
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-#: main before issue 14's activity DB work (the old code path).
+#: The commit before the turn's DB work became prepared Core statements (the old path).
 BASELINE = "4913462"
 AGENT = "turn-db-bench"
 #: What one turn's calls are reported as, in order.
@@ -67,7 +67,9 @@ def _child(args: argparse.Namespace) -> None:
     from activities.turns import SessionActivities
     from baton.agents import registry
     from baton.agents.spec import AgentSpec
-    from baton.contracts import ModelTurnInput, Provenance, Usage, position
+    from baton.contracts.activity_io import ModelTurnInput
+    from baton.contracts.values import Usage, position
+    from baton.contracts.workflow_io import Provenance
     from baton.runs import session_store
     from baton.storage.db import init_db, make_engine, session_scope
 

@@ -84,14 +84,8 @@ with workflow.unsafe.imports_passed_through():
     import baton.runs.launch as launch_mod
     from baton.agents import registry
     from baton.agents.spec import AgentSpec
-    from baton.contracts import (
-        SA_STATUS,
-        SEARCH_ATTRIBUTES,
-        Provenance,
-        SessionConfig,
-        TurnOutcome,
-        UserMessage,
-    )
+    from baton.contracts.search import SA_STATUS, SEARCH_ATTRIBUTES
+    from baton.contracts.workflow_io import Provenance, SessionConfig, TurnOutcome, UserMessage
     from baton.storage.db import init_db, make_engine, session_scope
     from worker.factory import PASSTHROUGH, build_worker
     from worker.stack import DEV_SERVER_TUNING, temporal_binary

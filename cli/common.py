@@ -35,10 +35,14 @@ ApiOption = Annotated[
 
 def fail(exc: BatonError) -> typer.Exit:
     """Print ``exc`` as ``error [code] at path: detail`` and return the exit to raise."""
-    where = f" at {exc.path}" if exc.path and exc.path not in exc.detail else ""
-    err_console.print(
-        f"[bold red]error[/] {escape(f'[{exc.code}]{where}: {exc.detail}')}", highlight=False
-    )
+    return problem_exit(exc.code, exc.path, exc.detail)
+
+
+def problem_exit(code: str, path: str | None, detail: str) -> typer.Exit:
+    """Print one ``error [code] at path: detail`` line (a local error or the API's
+    problem+json) and return the exit to raise (code 1)."""
+    where = f" at {path}" if path and path not in detail else ""
+    err_console.print(f"[bold red]error[/] {escape(f'[{code}]{where}: {detail}')}", highlight=False)
     return typer.Exit(code=1)
 
 
@@ -94,7 +98,8 @@ def api_client(api_url: str | None) -> Iterator[httpx.Client]:
 
 
 def checked(resp: httpx.Response) -> dict[str, object]:
-    """The JSON body, or print the problem (``error [code]: detail``) and exit 1."""
+    """The JSON body (``{}`` for 204 No Content), or print the problem (``error [code]:
+    detail``) and exit 1."""
     if resp.status_code >= 400:
         try:
             body = resp.json()
@@ -103,6 +108,8 @@ def checked(resp: httpx.Response) -> dict[str, object]:
             problem = f"HTTP {resp.status_code}"
         err_console.print(f"[bold red]error[/] {escape(problem)}", highlight=False)
         raise typer.Exit(1)
+    if resp.status_code == 204:
+        return {}
     result: dict[str, object] = resp.json()
     return result
 

@@ -21,10 +21,10 @@ def mcp_token(
 ) -> None:
     """Reissue an external session's proxy token: the old one stops working (401) at once.
     Prints the new token (shown once) and the MCP client's Authorization header."""
-    from baton.runs import external
+    from baton.runs import external, session_store
 
     with db_session() as s:
-        if not external.is_external(s, session_id=session_id):
+        if not session_store.is_external(s, session_id=session_id):
             raise external.NotExternal(f"session '{session_id}' is not an external session")
         _, plain = external.issue_proxy_token(s, session_id=session_id, expires_in_s=ttl)
     typer.echo(plain)

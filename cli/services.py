@@ -8,6 +8,7 @@ so a refusal is quick and ``baton --help`` loads neither.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -66,15 +67,28 @@ def serve(settings: Settings, main: Callable[[asyncio.Event], Awaitable[None]]) 
 
 def serve_alone(settings: Settings, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """:func:`serve` for a process that owns nothing else (`baton worker`, `baton api`):
-    a failed start prints its one line and leaves at once. A Temporal connect abandoned at
-    its timeout still runs in the bridge's own threads, and finalizing the interpreter
-    under it can make it panic onto stderr (pyo3: "interpreter is not initialized")."""
+    it leaves without finalizing the interpreter, exit 0 after a clean stop and the failed
+    start's one line and exit 1 otherwise.
+
+    The Temporal bridge's own threads outlive the client (a connect abandoned at its
+    timeout, a drained worker's runtime), and finalizing the interpreter under them can
+    abort the process after everything was done (pyo3 "interpreter is not initialized",
+    CPython "PyGILState_Release … finalizing"), turning a clean stop into a crash. So
+    what finalizing would have done that matters — flushing spans, logs and the standard
+    streams — is done here, and the process ends with ``os._exit``.
+    """
+    from baton import telemetry
+
+    code = 0
     try:
         serve(settings, main)
     except typer.Exit as failed:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(failed.exit_code)
+        code = failed.exit_code
+    telemetry.shutdown()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

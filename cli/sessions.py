@@ -1,12 +1,13 @@
-"""``baton run`` and ``baton trace``: start a session on a running Baton and stream its
-events, and print a run's delegation tree (talks to the API). The renderers here
-(``follow``, ``print_transcript``, ``render_trace``) are shared with ``baton demo``."""
+"""``baton run``, ``baton fork`` and ``baton trace``: start (or fork) a session on a
+running Baton and stream its events, and print a run's delegation tree (talks to the API).
+The renderers here (``follow``, ``print_transcript``, ``render_trace``) are shared with
+``baton demo``."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -97,7 +98,7 @@ def follow(
 
 
 def review_hint(review_id: str) -> str:
-    """How to decide a review from the shell, and how long it waits (issue 12, item 7).
+    """How to decide a review from the shell, and how long it waits.
 
     The wait is this process's ``BATON_REVIEW_TIMEOUT`` (seconds): the worker that runs
     the session reads the same setting, after which the review is denied (Gamut X-Agent Policies).
@@ -111,11 +112,25 @@ def review_hint(review_id: str) -> str:
     )
 
 
+def transcript_messages(http: httpx.Client, session_id: str) -> tuple[str, list[dict[str, Any]]]:
+    """``(status, every message)`` of a session's transcript, its pages followed by cursor
+    (``GET /v1/sessions/{id}/transcript`` is always paged)."""
+    url = f"/v1/sessions/{session_id}/transcript"
+    params: dict[str, str | int] = {"limit": 500}
+    messages: list[dict[str, Any]] = []
+    while True:
+        body: dict[str, Any] = checked(http.get(url, params=params))
+        messages += body["messages"]
+        if not body.get("next_cursor"):
+            return str(body["status"]), messages
+        params["cursor"] = str(body["next_cursor"])
+
+
 def print_transcript(http: httpx.Client, session_id: str) -> None:
-    """The transcript as a Rich table."""
-    body = http.get(f"/v1/sessions/{session_id}/transcript").json()
-    table = Table("role", "agent", "text", title=f"Transcript · {body['status']}", show_lines=True)
-    for m in body["messages"]:
+    """The transcript as a Rich table (every page)."""
+    status, messages = transcript_messages(http, session_id)
+    table = Table("role", "agent", "text", title=f"Transcript · {status}", show_lines=True)
+    for m in messages:
         role = m["role"] + (f" ({m['tool_name']})" if m.get("tool_name") else "")
         text = m["text"]
         if m.get("tool_calls"):
@@ -132,16 +147,32 @@ def run(
     prompt: Annotated[str, typer.Argument(help="The message.")] = "",
     team: Annotated[str | None, typer.Option(help="Run a team: its lead answers.")] = None,
     solo: Annotated[bool, typer.Option(help="No ad-hoc delegation in this session.")] = False,
+    session_id: Annotated[
+        str | None,
+        typer.Option("--session", help="Send the message to this session (session-… id)."),
+    ] = None,
+    if_busy: Annotated[
+        str,
+        typer.Option(
+            "--if-busy",
+            help="With --session, while a turn runs: reject | enqueue (run it next) | "
+            "interrupt (stop the running turn).",
+        ),
+    ] = "reject",
     api_url: Annotated[
         str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
     ] = None,
 ) -> None:
-    """Start a session on a running Baton (``baton dev``) and stream the reply.
+    """Start a session on a running Baton (``baton dev``) and stream the reply; with
+    ``--session``, send the message to that session and print its reply.
 
     Sends BATON_TOKEN as the bearer token when set (auth mode).
     """
-    if team and ref and not prompt:  # `baton run --team desk "prompt"`
+    if (team or session_id) and ref and not prompt:  # `baton run --team desk "prompt"`
         prompt, ref = ref, None
+    if session_id is not None:
+        _send(session_id, prompt, if_busy, api_url)
+        return
     body: dict[str, object] = {"prompt": prompt, "disable_delegation": solo}
     if team:
         body["team"] = team
@@ -154,6 +185,15 @@ def run(
         console.print(f"[dim]{session['workflow_url']}[/]", soft_wrap=True)
         if failed:
             raise typer.Exit(1)
+
+
+def _send(session_id: str, prompt: str, if_busy: str, api_url: str | None) -> None:
+    """``baton run --session``: one message, waited for (an enqueued one runs after the
+    turns before it); its reply, or the API's refusal (``session_busy``, ``queue_full``)."""
+    body = {"prompt": prompt, "sync": True, "if_busy": if_busy}
+    with api_client(api_url) as http:
+        sent = checked(http.post(f"/v1/sessions/{session_id}/messages", json=body))
+    console.print(escape(str(sent.get("response") or "")), soft_wrap=True, highlight=False)
 
 
 def _usage_line(u: dict[str, object]) -> str:
@@ -170,8 +210,8 @@ def _usage_line(u: dict[str, object]) -> str:
 def render_trace(node: dict[str, object]) -> Tree:
     """The delegation tree (``GET /v1/sessions/{id}/trace``) as a Rich tree: per node the
     agent, the session's id and status, the delegation's kind and status, usage, the
-    delegation's wall-clock time (issue 12, item 7) and the node's Temporal UI link; the
-    run tree's UI list under the root (issue 12, item 1)."""
+    delegation's wall-clock time and the node's Temporal UI link; the
+    run tree's UI list under the root."""
 
     def label(n: dict[str, object]) -> str:
         d = n.get("delegation") or {}
@@ -190,7 +230,7 @@ def render_trace(node: dict[str, object]) -> Tree:
             text += f"\n[dim]{escape(str(d['task']))[:120]}[/]"
         if d.get("error"):
             text += f"\n[red]{escape(str(d['error']))[:160]}[/]"
-        if n.get("workflow_url"):  # issue 12, item 1: the node's Temporal UI page
+        if n.get("workflow_url"):  # the node's Temporal UI page
             text += f"\n[dim]Temporal UI: {escape(str(n['workflow_url']))}[/]"
         return text
 
@@ -203,6 +243,12 @@ def render_trace(node: dict[str, object]) -> Tree:
     head = f"{label(node)}\n[green]run total: {_usage_line(total)}[/]"
     if node.get("run_tree_url"):
         head += f"\n[dim]run tree in the Temporal UI: {escape(str(node['run_tree_url']))}[/]"
+    if node.get("forked_from"):
+        sandbox = " · [yellow]sandbox (the draft)[/]" if node.get("sandbox") else ""
+        head += (
+            f"\n[magenta]forked from {escape(str(node['forked_from']))} after "
+            f"{escape(str(node['fork_point']))}[/]{sandbox}"
+        )
     tree = Tree(head)
     grow(tree, node)
     return tree
@@ -219,3 +265,42 @@ def trace(
     with api_client(api_url) as http:
         body = checked(http.get(f"/v1/sessions/{session_id}/trace"))
     console.print(render_trace(body))
+
+
+@app.command()
+def fork(
+    session_id: Annotated[str, typer.Argument(help="session-… id of the original")],
+    after: Annotated[
+        str, typer.Option("--after", help="The message id the fork ends at (inclusive).")
+    ],
+    agent: Annotated[
+        str | None,
+        typer.Option(help="AGENT@VERSION to run instead of the original's pin (or AGENT@draft)."),
+    ] = None,
+    prompt: Annotated[
+        str | None, typer.Option(help="Replaces the original's next user message.")
+    ] = None,
+    sandbox: Annotated[
+        bool, typer.Option(help="The authoring sandbox: needed to run AGENT@draft.")
+    ] = False,
+    api_url: Annotated[
+        str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
+    ] = None,
+) -> None:
+    """Fork a session after a message and stream the fork's reply (docs/change-safely.md,
+    Fork a session). The original is never touched."""
+    body: dict[str, object] = {"after_message_id": after, "sandbox": sandbox}
+    if agent:
+        body["agent"] = agent
+    if prompt is not None:
+        body["prompt"] = prompt
+    with api_client(api_url) as http:
+        started = checked(http.post(f"/v1/sessions/{session_id}/fork", json=body))
+        console.print(
+            f"[dim]{started['session_id']} · {started['agent']}@{started['version']} · "
+            f"forked from {started['forked_from']} after {started['fork_point']}[/]"
+        )
+        _, failed = follow(http, str(started["session_id"]))
+        console.print(f"[dim]{started['workflow_url']}[/]", soft_wrap=True)
+        if failed:
+            raise typer.Exit(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -12,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,34 +32,16 @@ from temporalio.worker import Worker
 
 from api.app import create_app
 from baton.agents import roster
-from baton.contracts import SEARCH_ATTRIBUTES
+from baton.contracts.search import SEARCH_ATTRIBUTES
 from baton.settings import Settings
 from baton.storage.db import init_db, make_engine
+from baton.workspaces.store import WorkspaceStore
+from tests import xdist_groups
 from worker.factory import build_worker
 from worker.stack import DEV_SERVER_TUNING, ServicesThread, free_port
 
-#: Test files whose tests start several real processes, kill them and assert how fast the
-#: survivors take over. `make test` runs the suite in two xdist processes
-#: (``--dist loadgroup``); these files share one group, so they run one after another on one
-#: process while the other process runs the light files, and two fault tests never compete
-#: for the two cores.
-PROCESS_HEAVY_FILES = frozenset(
-    {
-        "test_scale_out.py",
-        "test_fault.py",
-        "test_review_crash.py",
-        "test_mcp_fault.py",
-        "test_ops.py",
-        "test_recovery.py",
-    }
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put every test of :data:`PROCESS_HEAVY_FILES` into the one xdist group ``processes``."""
-    for item in items:
-        if item.path.name in PROCESS_HEAVY_FILES:
-            item.add_marker(pytest.mark.xdist_group("processes"))
+# The suite's xdist groups (tests/xdist_groups.py): the hook must be a conftest's attribute.
+pytest_xdist_make_scheduler = xdist_groups.pytest_xdist_make_scheduler
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +51,7 @@ def _fresh_roster() -> None:
 
 
 #: BATON_REVIEW_SECRET of every test: an auth-mode API or worker refuses to start without
-#: one (issue 10, item 5); a stack's API and worker read the same value, so they agree.
+#: one; a stack's API and worker read the same value, so they agree.
 TEST_REVIEW_SECRET = "test-review-secret-not-for-production-0123456789"
 
 
@@ -92,9 +76,30 @@ def _as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster on a free loopback port, removed afterwards."""
+@dataclass(frozen=True)
+class PgCluster:
+    """A running throwaway PostgreSQL cluster: its URL, and how to stop it for real."""
+
+    url: str
+    data: Path
+
+    def stop(self) -> None:
+        """``pg_ctl stop -m immediate``: the server goes away as in a crash (no clean
+        disconnect of its clients)."""
+        subprocess.run(
+            _as_postgres(
+                [str(_pg_bin() / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]
+            ),
+            check=False,
+            capture_output=True,
+        )
+
+
+@contextlib.contextmanager
+def pg_cluster() -> Iterator[PgCluster]:
+    """A throwaway PostgreSQL cluster on a free loopback port (initdb + pg_ctl), stopped and
+    removed afterwards. The session's :func:`pg_url` is one; a test that stops PostgreSQL
+    starts its own."""
     bindir = _pg_bin()
     root = Path(tempfile.mkdtemp(prefix="baton-pg-"))
     root.chmod(0o755)
@@ -127,15 +132,19 @@ def pg_url() -> Iterator[str]:
         check=True,
         capture_output=True,
     )
+    cluster = PgCluster(f"postgresql+psycopg://baton@127.0.0.1:{port}/postgres", data)
     try:
-        yield f"postgresql+psycopg://baton@127.0.0.1:{port}/postgres"
+        yield cluster
     finally:
-        subprocess.run(
-            _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
-            check=False,
-            capture_output=True,
-        )
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on a free loopback port, removed afterwards."""
+    with pg_cluster() as cluster:
+        yield cluster.url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -227,7 +236,7 @@ async def skipping_env() -> AsyncIterator[WorkflowEnvironment]:
         test_server_existing_path=venv_bin("temporal-test-server"),
         data_converter=pydantic_data_converter,
     )
-    # Steps start with Baton's search attributes (issue 12, item 4). The Java server has no
+    # Steps start with Baton's search attributes. The Java server has no
     # ListSearchAttributes (so no `ensure_search_attributes`), but it does take the add.
     await env.client.operator_service.add_search_attributes(
         AddSearchAttributesRequest(
@@ -255,9 +264,17 @@ def db_engine(tmp_path: Path) -> Iterator[Engine]:
 
 
 @pytest_asyncio.fixture
-async def worker(temporal_env: WorkflowEnvironment, db_engine: Engine) -> AsyncIterator[Worker]:
-    """A Baton worker on a fresh task queue against the dev server."""
-    w = build_worker(temporal_env.client, engine=db_engine, task_queue=f"tq-{uuid.uuid4()}")
+async def worker(
+    temporal_env: WorkflowEnvironment, db_engine: Engine, tmp_path: Path
+) -> AsyncIterator[Worker]:
+    """A Baton worker on a fresh task queue against the dev server (workspaces under
+    ``tmp_path/workspaces``)."""
+    w = build_worker(
+        temporal_env.client,
+        engine=db_engine,
+        task_queue=f"tq-{uuid.uuid4()}",
+        workspaces=WorkspaceStore.from_settings(Settings(workspace_url=str(tmp_path / "ws"))),
+    )
     async with w:
         yield w
 
@@ -276,13 +293,17 @@ def serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
     return server, thread, f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture
-def live_api(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[httpx.Client]:
-    """The real API and a real worker on their own event loop, wired to the dev server."""
+@contextlib.contextmanager
+def live_stack(
+    temporal_env: WorkflowEnvironment, db_file: Path, **overrides: Any
+) -> Iterator[httpx.Client]:
+    """The real API and a real worker on their own event loop, wired to the dev server, on
+    a migrated SQLite file, with settings ``overrides``; an HTTP client for the API."""
     settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'e2e.db'}",
+        database_url=f"sqlite:///{db_file}",
         temporal_address=temporal_env.client.service_client.config.target_host,
         task_queue=f"tq-{uuid.uuid4()}",
+        **overrides,
     )
     migrated(settings.database_url)
     services = ServicesThread(settings, api_port=free_port())
@@ -292,3 +313,10 @@ def live_api(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[http
             yield client
     finally:
         services.stop()
+
+
+@pytest.fixture
+def live_api(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[httpx.Client]:
+    """The real API and a real worker on their own event loop, wired to the dev server."""
+    with live_stack(temporal_env, tmp_path / "e2e.db") as client:
+        yield client

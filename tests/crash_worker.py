@@ -2,8 +2,9 @@
 
 ``python -m tests.crash_worker ACTIVITY MARKER``: the worker runs every Baton activity;
 the first time ``ACTIVITY`` finishes (its transaction committed) it writes ``MARKER`` and
-kills its own process before Temporal can record the result, the crash window of
-issue 10 item 9. Configured like ``baton worker`` (BATON_* variables).
+kills its own process before Temporal can record the result: the window in which
+the work is done but not recorded, so the retry must find it.
+Configured like ``baton worker`` (BATON_* variables).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import os
 import signal
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,7 @@ async def main(name: str, marker: Path) -> None:
         task_queue=settings.task_queue,
         interceptors=[KillAfter(name, marker)],
         review_key=settings.review_key(),
+        sticky_timeout=timedelta(seconds=settings.worker_sticky_timeout),
     )
     await worker.run()
 

@@ -14,7 +14,7 @@ from temporalio.worker import Worker
 
 from baton.agents import registry
 from baton.agents.spec import AgentSpec
-from baton.contracts import Provenance, SessionConfig
+from baton.contracts.workflow_io import Provenance, SessionConfig
 from baton.errors import AgentNotFound
 from baton.runs import session_store
 from baton.runs.launch import Launched, launch_session
@@ -22,6 +22,18 @@ from baton.storage.db import session_scope
 
 #: Short timeouts so a killed worker's activity is retried quickly in tests.
 TEST_CONFIG = SessionConfig(heartbeat_timeout_s=3.0, model_turn_timeout_s=60.0)
+
+#: For tests that kill no worker and count what ran: a heartbeat timeout no load can
+#: miss. A loaded machine can delay a heartbeat past 3 s; Temporal then retries the
+#: activity (a delegation, a turn), which doubles the model calls the test counts.
+STEADY_CONFIG = TEST_CONFIG.model_copy(
+    update={"heartbeat_timeout_s": 120.0, "model_turn_timeout_s": 600.0}
+)
+
+#: Seconds a test polls for a process to become ready (serve, poll its queue). Generous:
+#: the poll ends as soon as the process is ready, so only a broken start waits this
+#: long, and a second `make test` beside this one can slow a start tenfold.
+READY_TIMEOUT_S = 150.0
 
 
 def publish(engine: Engine, slug: str, **spec: Any) -> int:

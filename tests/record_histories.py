@@ -1,11 +1,11 @@
-"""Record representative SessionWorkflow histories for the replay test.
+"""Record the histories the replay suite replays (tests/test_replay.py): every ending of
+each workflow type, on the code of one release (docs/development.md, Workflow changes).
 
-Run from the repo root when a workflow change is *meant* to change commands
-(and gate it with ``workflow.patched``):
-``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` (scenarios: base,
-legacy-tool-name, legacy-delegation-names, xagent, xagent-reads, delegation, step, step-ends, idle;
-default all).
-Existing files are kept, so histories from older code stay in the suite.
+``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` from the repo root, TAG
+the release (``1.0.0``); scenarios: base, unloadable, xagent, xagent-reads, delegation,
+idle, external, step, step-ends, step-edited, inquiry, webhook, workspace, exhibit (default
+all). Existing files are kept, so the histories of older releases stay in the suite while
+their gates live.
 """
 
 from __future__ import annotations
@@ -23,18 +23,20 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton.contracts import SEARCH_ATTRIBUTES
+from baton.contracts.search import SEARCH_ATTRIBUTES
+from baton.contracts.values import DeliveryConfig
+from baton.contracts.workflow_io import Provenance, SessionInput
 from baton.errors import TurnFailed
 from baton.runs import launch as launching
 from baton.runs import session_store
 from baton.storage.db import init_db, make_engine, session_scope
+from baton.workspaces.store import WorkspaceLimits, WorkspaceStore
 from tests.helpers import TEST_CONFIG, launch, publish
 from worker.factory import build_worker
 
 HERE = Path(__file__).parent / "histories"
-#: Names this recording: bump it when the workflow's commands change (with a patch),
-#: so the older histories stay and keep proving that in-flight runs still replay.
-TAG = sys.argv[1] if len(sys.argv) > 1 else "v2"
+#: Names this recording: the release whose code recorded it.
+TAG = sys.argv[1] if len(sys.argv) > 1 else "1.0.0"
 
 
 async def save(client: Client, session_id: str, name: str) -> None:
@@ -57,7 +59,7 @@ async def save(client: Client, session_id: str, name: str) -> None:
 
 
 async def base_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
-    """Tool loop, continue-as-new, cancel, failed turn (every tag)."""
+    """A tool loop, continue-as-new, a cancel mid-turn, a failed model call."""
     publish(
         engine,
         "adder",
@@ -103,49 +105,12 @@ async def base_scenarios(client: Client, engine: Engine, worker: Worker) -> None
     await save(client, failed[0].id, "failed-turn")
 
 
-async def legacy_tool_name(client: Client, engine: Engine, worker: Worker) -> None:
-    """A model calling a tool named like an X-Agent tool, recorded BEFORE the x-agent-tools
-    patch (run on code from before it): replay must keep treating it as an ordinary tool."""
-    publish(
-        engine,
-        "legacy",
-        playbook=[
-            {"when": "^list_agents: ", "reply": "noted: {last_message}"},
-            {"when": "go", "reply": "Listing.", "tool_calls": [{"tool": "list_agents"}]},
-        ],
-    )
-    run = await launch(client, engine, worker, "legacy", "go")
-    await save(client, run.session_id, "xagent-name-prepatch")
-
-
-async def legacy_delegation_names(client: Client, engine: Engine, worker: Worker) -> None:
-    """Recorded BEFORE the delegation and routing patches (run on code from before them):
-    a model calling tools named delegate_to and task, and a message with an @mention."""
-    publish(engine, "helper", playbook=[{"reply": "hi"}])
-    publish(
-        engine,
-        "legacy2",
-        playbook=[
-            {"when": "^(delegate_to|task): ", "reply": "noted: {last_message}"},
-            {
-                "when": "go",
-                "reply": "Trying.",
-                "tool_calls": [
-                    {"tool": "delegate_to", "args": {"agent_id": "helper", "task": "x"}},
-                    {"tool": "task", "args": {"alias": "a", "prompt": "y"}},
-                ],
-            },
-        ],
-    )
-    run = await launch(client, engine, worker, "legacy2", "go ask @helper")
-    await save(client, run.session_id, "delegation-names-prepatch")
-
-
 async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
-    """Review allowed by Signal (with the sync invoke), review timeout, guard refusal."""
+    """A review allowed by Signal (with the sync invoke), one denied, one timed out, and
+    the self-invocation guard's refusal."""
     from sqlmodel import select
 
-    from baton.contracts import ReviewDecision
+    from baton.contracts.workflow_io import ReviewDecision
     from baton.storage.db import ReviewRow
     from tests.helpers import wait_for
     from tests.xagent_helpers import caller_playbook
@@ -167,6 +132,15 @@ async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> No
     await wait_for(lambda: _status(engine, run.session_id) == "idle")
     await save(client, run.session_id, "xagent-review-allowed")
 
+    denied = await launch(client, engine, worker, "caller", "go", sync=False)
+    await wait_for(lambda: any(r.session_id == denied.session_id for r in pending()))
+    review = next(r for r in pending() if r.session_id == denied.session_id)
+    await client.get_workflow_handle(denied.session_id).signal(
+        "review_decision", ReviewDecision(review_id=review.id, decision="deny")
+    )
+    await wait_for(lambda: _status(engine, denied.session_id) == "idle")
+    await save(client, denied.session_id, "xagent-review-denied")
+
     short = TEST_CONFIG.model_copy(update={"review_timeout_s": 1.0})
     timed = await launch(client, engine, worker, "caller", "go", config=short)
     await save(client, timed.session_id, "xagent-review-timeout")
@@ -182,10 +156,10 @@ async def xagent_scenarios(client: Client, engine: Engine, worker: Worker) -> No
 
 async def xagent_read_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
     """list_agents reviewed and allowed by Signal, reviewed and denied, and allowed by a
-    stored policy (no review): the calls issue 14 runs as local activities."""
+    stored policy (no review): the reads that run as local activities."""
     from sqlmodel import select
 
-    from baton.contracts import ReviewDecision
+    from baton.contracts.workflow_io import ReviewDecision
     from baton.storage.db import ReviewRow
     from tests.helpers import wait_for
     from tests.xagent_helpers import caller_playbook, set_policy
@@ -221,7 +195,8 @@ async def xagent_read_scenarios(client: Client, engine: Engine, worker: Worker) 
 
 
 async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
-    """A team run fanning out, a team route, and a cancel cascading into a delegation."""
+    """A team run fanning out, a team route, an ad-hoc delegate_to, a subagent task, a
+    member refused re-delegation, and a cancel cascading into a delegation."""
     from tests.test_teams import make_team, team_run
 
     class _Env:  # team_run takes the environment only for its client
@@ -234,12 +209,42 @@ async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -
     routed = await team_run(_Env(client), engine, worker, "fact-check: sky")  # type: ignore[arg-type]
     await save(client, routed.session_id, "team-route")
 
+    from baton.agents import roster
+
+    publish(engine, "helper", playbook=[{"reply": "helped"}], delegation=_DELEGABLE)
+    ask = {"tool": "delegate_to", "args": {"agent_id": "helper", "task": "help"}}
+    publish(
+        engine,
+        "asker",
+        playbook=[{"when": "^delegate_to: ", "reply": "got {last_message}"}, {"tool_calls": [ask]}],
+    )
+    roster.clear_cache()
+    adhoc = await launch(client, engine, worker, "asker", "go")
+    await save(client, adhoc.session_id, "delegate-adhoc")
+
+    sub = {"tool": "task", "args": {"alias": "sums", "prompt": "add things"}}
+    publish(
+        engine,
+        "planner",
+        playbook=[{"when": "^task: ", "reply": "planned {last_message}"}, {"tool_calls": [sub]}],
+        subagents=[{"alias": "sums", "agent": "helper"}],
+    )
+    task = await launch(client, engine, worker, "planner", "go")
+    await save(client, task.session_id, "delegate-task")
+
+    member = await team_run(
+        _Env(client),  # type: ignore[arg-type]
+        engine,
+        worker,
+        "go",
+        provenance=Provenance(team_member=True),
+    )
+    await save(client, member.session_id, "team-member-redelegation")
+
     slow = [{"reply": "w " * 40, "chunk_delay_ms": 50}]
     publish(engine, "slowpoke", playbook=slow, delegation={"available_for_delegation": True})
     call = {"tool": "delegate_to", "args": {"agent_id": "slowpoke", "task": "take your time"}}
     publish(engine, "impatient", playbook=[{"when": "go", "tool_calls": [call]}])
-    from baton.agents import roster
-
     roster.clear_cache()
     run = await launch(client, engine, worker, "impatient", "go", sync=False)
     await asyncio.sleep(1.0)
@@ -251,7 +256,7 @@ async def delegation_scenarios(client: Client, engine: Engine, worker: Worker) -
 
 async def step_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
     """A step whose first deliverable fails its schema, then a step approved after revise."""
-    from baton.contracts import HandoffDecision, StepRetry
+    from baton.contracts.workflow_io import HandoffDecision, StepRetry
     from baton.storage.db import StepRow
     from tests.test_steps import FIX_ON_FEEDBACK, run_step
 
@@ -279,14 +284,40 @@ async def step_scenarios(client: Client, engine: Engine, worker: Worker) -> None
     await save(client, handed, "step-handoff")
 
 
+async def step_edited_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """A handoff approved with an edited deliverable (sent as a raw Signal); one whose first
+    edit the output schema refuses (recorded once the workflow checks edits)."""
+    from baton.contracts.workflow_io import HandoffDecision
+    from tests.helpers import wait_for
+    from tests.test_steps import VALID, run_step, step_row
+
+    publish(engine, "editor", playbook=[{"reply": VALID}])
+    handed = await run_step(client, engine, worker.task_queue, "editor", handoff=True)
+    await wait_for(lambda: step_row(engine, handed).status == "awaiting_handoff")
+    edit = HandoffDecision(decision="approve", edited_deliverable={"summary": "edited"})
+    await client.get_workflow_handle(handed).signal("handoff", edit)
+    await client.get_workflow_handle(handed).result()
+    await save(client, handed, "step-handoff-edited")
+
+    # An edit the schema refuses is ignored (the workflow's check); the next one completes.
+    refused = await run_step(client, engine, worker.task_queue, "editor", handoff=True)
+    await wait_for(lambda: step_row(engine, refused).status == "awaiting_handoff")
+    handle = client.get_workflow_handle(refused)
+    await handle.signal("handoff", {"decision": "approve", "edited_deliverable": {"summary": 3}})
+    while not (await handle.query("status"))["refused_edits"]:
+        await asyncio.sleep(0.05)
+    await handle.signal("handoff", edit)
+    await handle.result()
+    await save(client, refused, "step-handoff-edit-refused")
+
+
 async def step_end_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
     """Steps that do not complete: invalid deliverables up to max_attempts, a rejected
-    handoff, a handoff timeout and the step's own timeout. Recorded on code from before
-    the failed-step patch (the workflow completed with the status) and after it (the
-    workflow fails with the step's code), so both replay."""
+    handoff, a handoff timeout and the step's own timeout (each fails the workflow with
+    the step's code)."""
     from temporalio.client import WorkflowFailureError
 
-    from baton.contracts import HandoffDecision, StepInput, StepRetry
+    from baton.contracts.workflow_io import HandoffDecision, StepInput, StepRetry
     from baton.storage.db import StepRow
     from tests.helpers import wait_for
     from tests.test_steps import VALID, run_step
@@ -338,7 +369,7 @@ async def step_end_scenarios(client: Client, engine: Engine, worker: Worker) -> 
 
 async def idle_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
     """A session whose run completes idle, restarted by its next message (update-with-start)
-    and completing idle again; an external session completing idle."""
+    and completing idle again."""
     from tests.test_idle_sessions import completed
 
     publish(engine, "echo", playbook=[{"reply": "you said {last_message}"}])
@@ -350,6 +381,220 @@ async def idle_scenarios(client: Client, engine: Engine, worker: Worker) -> None
     await save(client, run.session_id, "idle-restart")
 
 
+async def unloadable_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """A run whose pin does not load (a revision that does not exist): the session fails."""
+    publish(engine, "ghost", playbook=[])
+    session_id = f"session-{uuid.uuid4()}"
+    with session_scope(engine) as s:
+        session_store.create_session(
+            s,
+            session_id=session_id,
+            agent_slug="ghost",
+            agent_version=1,
+            provenance=Provenance(),
+            name="unloadable",
+        )
+    handle = await client.start_workflow(
+        "Session",
+        SessionInput(session_id=session_id, agent_pin="ghost@9", config=TEST_CONFIG),
+        id=session_id,
+        task_queue=worker.task_queue,
+    )
+    await handle.result()
+    await save(client, session_id, "unloadable")
+
+
+async def external_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """An external session: an X-Agent call and a posted message by Update, then the run
+    completes idle."""
+    from baton.contracts.activity_io import ToolOutcome
+    from baton.contracts.workflow_io import (
+        EXTERNAL_MESSAGE,
+        EXTERNAL_TOOL_CALL,
+        ExternalMessage,
+        ExternalToolCall,
+    )
+    from baton.runs import external
+    from tests.test_idle_sessions import completed
+    from tests.xagent_helpers import set_policy
+
+    publish(engine, "outsider", playbook=[])
+    set_policy(engine, "list", "allow", caller="outsider")
+    idle = TEST_CONFIG.model_copy(update={"idle_timeout_s": 1.0})
+    opened = await external.open_external_session(
+        client,
+        engine,
+        task_queue=worker.task_queue,
+        config=idle,
+        ref="outsider",
+        provenance=Provenance(),
+    )
+    handle = client.get_workflow_handle(opened.session_id)
+    await handle.execute_update(
+        EXTERNAL_TOOL_CALL,
+        ExternalToolCall(call_id="c1", name="list_agents", args={}),
+        result_type=ToolOutcome,
+    )
+    await handle.execute_update(EXTERNAL_MESSAGE, ExternalMessage(text="listed the agents"))
+    await completed(client, opened.session_id)
+    await save(client, opened.session_id, "external-idle")
+
+
+async def inquiry_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """An inquiry answered after one tool call, and one capped at its step limit."""
+    from baton.contracts.workflow_io import InquiryInput, InquiryResult
+    from baton.runs import inquiries
+
+    publish(engine, "echo", playbook=[{"reply": "you said {last_message}"}])
+    about = await launch(client, engine, worker, "echo", "hello")
+    listing = {"tool": "list_conversations", "args": {}}
+    publish(
+        engine,
+        "briefer",
+        kind="ambassador",
+        playbook=[{"when": "^list_conversations: ", "reply": "ok"}, {"tool_calls": [listing]}],
+    )
+    publish(engine, "looper", kind="ambassador", playbook=[{"tool_calls": [listing]}])
+    for slug, name in (("briefer", "inquiry-answered"), ("looper", "inquiry-capped")):
+        inquiry_id = f"inquiry-{uuid.uuid4()}"
+        with session_scope(engine) as s:
+            inquiries.create(
+                s,
+                inquiry_id=inquiry_id,
+                session_id=about.session_id,
+                user="local",
+                ambassador=slug,
+                version=1,
+                question="what happened?",
+            )
+        await client.execute_workflow(
+            "Inquiry",
+            InquiryInput(
+                inquiry_id=inquiry_id,
+                session_id=about.session_id,
+                user="local",
+                ambassador_pin=f"{slug}@1",
+                question="what happened?",
+                max_steps=2,
+                config=TEST_CONFIG,
+            ),
+            id=inquiry_id,
+            task_queue=worker.task_queue,
+            result_type=InquiryResult,
+        )
+        await save(client, inquiry_id, name)
+
+
+async def webhook_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """A webhook delivery answered 204, and one the receiver fails until its attempts run
+    out (logged failed by ``fail_delivery``)."""
+    import http.server
+    import threading
+
+    from activities.webhooks import DeliveryStarter
+    from baton.outbound import OPEN
+    from baton.webhooks import events, subscriptions
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(204 if self.path == "/ok" else 500)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+
+    async def same_client() -> Client:
+        return client
+
+    # Deliveries committed here (outside any activity) start on the recording's queue.
+    config = DeliveryConfig(max_attempts=2, retry_initial_s=0.1, retry_max_s=0.2)
+    loop = asyncio.get_running_loop()
+    DeliveryStarter(same_client, loop=loop, config=config, task_queue=worker.task_queue).install(
+        engine
+    )
+
+    def send_test(url: str) -> str:
+        with session_scope(engine) as s:
+            body = subscriptions.WebhookIn(url=url, events=["review.opened"])
+            created = subscriptions.create_webhook(s, body=body, owner="local", policy=OPEN)
+            hook = subscriptions.get_webhook(s, webhook_id=created.id, owner="local")
+            return events.send_test(s, hook)
+
+    try:
+        for path, name in (("/ok", "webhook-delivered"), ("/fail", "webhook-failed")):
+            delivery = await asyncio.to_thread(send_test, base + path)
+            await client.get_workflow_handle(delivery).result()
+            await save(client, delivery, name)
+    finally:
+        server.shutdown()
+
+
+#: An agent others may delegate to ad hoc.
+_DELEGABLE = {"available_for_delegation": True}
+
+
+async def workspace_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """The workspace tools (behind their patch gate): a write, a read, a refusal."""
+    publish(
+        engine,
+        "filer",
+        playbook=[
+            {"when": "^read_file: ", "reply": "Read it."},
+            {
+                "when": "^write_file: ",
+                "reply": "Reading.",
+                "tool_calls": [
+                    {"tool": "read_file", "args": {"path": "notes.txt"}},
+                    {"tool": "write_file", "args": {"path": "../out.txt", "content": "x"}},
+                ],
+            },
+            {
+                "reply": "Writing.",
+                "tool_calls": [
+                    {"tool": "write_file", "args": {"path": "notes.txt", "content": "hello"}}
+                ],
+            },
+        ],
+    )
+    done = await launch(client, engine, worker, "filer", "keep a note")
+    await save(client, done.session_id, "workspace-tools")
+
+
+async def exhibit_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """Exhibits: a markdown exhibit and a refused one, and a delegation whose specialist
+    shows one (forwarded to the root; the delegator's result says it is displayed)."""
+    from baton.agents import roster
+
+    note = {"kind": "markdown", "title": "Note", "text": "# shown"}
+    bad = {"kind": "image", "title": "Bad", "media_type": "image/svg+xml", "data": "PHN2Zy8+"}
+    shows = {"tool": "present_exhibit", "args": note}
+    publish(
+        engine,
+        "shower",
+        playbook=[
+            {"when": "^present_exhibit: ", "reply": "Shown."},
+            {"tool_calls": [shows, {"tool": "present_exhibit", "args": bad}]},
+        ],
+        delegation=_DELEGABLE,
+    )
+    done = await launch(client, engine, worker, "shower", "show it")
+    await save(client, done.session_id, "exhibit")
+    ask = {"tool": "delegate_to", "args": {"agent_id": "shower", "task": "show it"}}
+    publish(
+        engine,
+        "exhibit-lead",
+        playbook=[{"when": "^delegate_to: ", "reply": "got {last_message}"}, {"tool_calls": [ask]}],
+    )
+    roster.clear_cache()
+    done = await launch(client, engine, worker, "exhibit-lead", "go")
+    await save(client, done.session_id, "exhibit-delegated")
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return session_store.get_session(s, session_id=session_id).status
@@ -357,14 +602,19 @@ def _status(engine: Engine, session_id: str) -> str:
 
 SCENARIOS = {
     "base": base_scenarios,
-    "legacy-tool-name": legacy_tool_name,
-    "legacy-delegation-names": legacy_delegation_names,
+    "unloadable": unloadable_scenario,
     "xagent": xagent_scenarios,
     "xagent-reads": xagent_read_scenarios,
     "delegation": delegation_scenarios,
+    "idle": idle_scenarios,
+    "external": external_scenario,
     "step": step_scenarios,
     "step-ends": step_end_scenarios,
-    "idle": idle_scenarios,
+    "step-edited": step_edited_scenario,
+    "inquiry": inquiry_scenario,
+    "webhook": webhook_scenario,
+    "workspace": workspace_scenario,
+    "exhibit": exhibit_scenario,
 }
 
 
@@ -379,7 +629,13 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(f"sqlite:///{tmp}/rec.db")
         init_db(engine)
-        worker = build_worker(env.client, engine=engine, task_queue=f"rec-{uuid.uuid4()}")
+        worker = build_worker(
+            env.client,
+            engine=engine,
+            task_queue=f"rec-{uuid.uuid4()}",
+            webhooks=DeliveryConfig(max_attempts=2, retry_initial_s=0.1, retry_max_s=0.2),
+            workspaces=WorkspaceStore(f"{tmp}/workspaces", WorkspaceLimits(1024, 10, 4096)),
+        )
         async with worker:
             for name in chosen:
                 await SCENARIOS[name](env.client, engine, worker)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy.engine import Engine
 from temporalio.exceptions import ApplicationError
@@ -9,7 +11,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.turns import SessionActivities
 from baton.agents import registry
-from baton.contracts import LoadAgentInput, ModelTurnInput, Provenance, ToolCall, ToolInput
+from baton.contracts.activity_io import LoadAgentInput, ModelTurnInput, ToolInput
+from baton.contracts.values import ToolCall
+from baton.contracts.workflow_io import Provenance
 from baton.runs import session_store
 from baton.storage.db import session_scope
 from tests.helpers import publish, transcript
@@ -42,13 +46,22 @@ def turn_input(session_id: str, step: int = 1) -> ModelTurnInput:
     )
 
 
-async def test_retried_model_turn_never_duplicates_or_recalls(db_engine: Engine) -> None:
-    """Running model_turn twice with the same ids stores one reply and returns it again."""
-    publish(db_engine, "echo", playbook=[{"reply": "hi back"}])
-    sid = new_session(db_engine, "echo")
-    acts = SessionActivities(db_engine)
+def loaded_session(
+    engine: Engine, playbook: list[dict[str, Any]]
+) -> tuple[SessionActivities, ActivityEnvironment, str]:
+    """Agent ``echo`` published with ``playbook`` and a session of it whose agent is
+    loaded: the activities, their environment and the session id."""
+    publish(engine, "echo", playbook=playbook)
+    sid = new_session(engine, "echo")
+    acts = SessionActivities(engine)
     env = ActivityEnvironment()
     env.run(acts.load_agent, LoadAgentInput(session_id=sid, agent_pin="echo@1"))
+    return acts, env, sid
+
+
+async def test_retried_model_turn_never_duplicates_or_recalls(db_engine: Engine) -> None:
+    """Running model_turn twice with the same ids stores one reply and returns it again."""
+    acts, env, sid = loaded_session(db_engine, [{"reply": "hi back"}])
     first = await env.run(acts.model_turn, turn_input(sid))
     publish(db_engine, "echo", playbook=[{"reply": "a different reply"}])  # must not matter
     again = await env.run(acts.model_turn, turn_input(sid))

@@ -1,4 +1,4 @@
-"""The ambassador (issue 15, AgentX Agent Teams 'Ambassador'): inquiries beside a session, its
+"""The ambassador (AgentX Agent Teams 'Ambassador'): inquiries beside a session, its
 read-only tool belt, the step cap, drafts sent by a person, and the no-pollution invariant."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from sqlmodel import Session, col, select
 from temporalio.testing import WorkflowEnvironment
 
 from activities.inquiry import InquiryActivities
-from baton.contracts import InquiryInput, InquiryToolInput, ToolCall
+from baton.contracts.activity_io import InquiryToolInput
+from baton.contracts.values import ToolCall
+from baton.contracts.workflow_io import InquiryInput
 from baton.grants import auth
 from baton.permissions import gate
 from baton.runs import inquiries, session_store
@@ -395,7 +397,7 @@ def test_belt_reads_only_what_the_asker_may_read(engine: Engine) -> None:
 
 
 def _provenance() -> Any:
-    from baton.contracts import Provenance
+    from baton.contracts.workflow_io import Provenance
 
     return Provenance(created_by_user="ann")
 

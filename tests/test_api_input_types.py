@@ -1,5 +1,5 @@
 """Request values are taken as typed, and the OpenAPI document lists the problems routes
-really return (issue 10, item 11).
+really return.
 
 ``PUT /v1/balance`` took ``false`` (→ 0.0, which stops every model call), ``true``,
 ``"5"`` and ``-1``; ``GET /v1/usage?until=0.5`` read a Unix time. Bodies are strict now
@@ -152,6 +152,8 @@ def auth_stack(
         assert step.status_code == 202, step.text
         team = alice.post("/v1/teams", json=team_body("crew"))
         assert team.status_code == 201, team.text
+        hook = alice.post("/v1/webhooks", json=WEBHOOK)
+        assert hook.status_code == 201, hook.text
         poll(lambda: alice.get(f"/v1/sessions/{session_id}").json()["status"] == "idle", "idle")
         ids = {
             "slug": "alpha",
@@ -161,6 +163,7 @@ def auth_stack(
             "team_id": "crew",
             "review_id": "review-00000000-0000-0000-0000-000000000000",
             "inquiry_id": "inquiry-00000000-0000-0000-0000-000000000000",
+            "webhook_id": hook.json()["id"],
         }
         try:
             yield users, st, ids
@@ -178,16 +181,22 @@ def team_body(team_id: str) -> dict[str, Any]:
     }
 
 
+#: A webhook auth mode accepts without a network: a public IP literal, an event that never
+#: fires here (no prices, so no charge).
+WEBHOOK = {"url": "https://93.184.216.34/hook", "events": ["balance.low"]}
 #: A body each operation accepts as valid, so that a refusal can only come from auth.
 BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/agents"): {"slug": "bobs", "name": "Bob's"},
     ("patch", "/v1/agents/{slug}"): {"name": "Taken"},
     ("put", "/v1/agents/{slug}/draft"): {},
     ("post", "/v1/agents/{slug}/restore"): {"version": 1},
+    ("post", "/v1/agents/{slug}/publish"): {},
+    ("post", "/v1/agents/{slug}/evals"): {},
     ("post", "/v1/agents/{slug}/rollback"): {"version": 1},
     ("put", "/v1/agents/{slug}/policies"): {},
     ("post", "/v1/sessions"): {"agent": "alpha", "prompt": "hi"},
     ("post", "/v1/sessions/{session_id}/messages"): {"prompt": "hi"},
+    ("post", "/v1/sessions/{session_id}/fork"): {"after_message_id": "m", "prompt": "hi"},
     ("post", "/v1/reviews/{review_id}/decision"): {"decision": "deny"},
     ("post", "/v1/teams"): team_body("bobs-crew"),
     ("put", "/v1/teams/{team_id}"): team_body("crew"),
@@ -195,6 +204,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/steps/{step_id}/handoff"): {"decision": "approve"},
     ("put", "/v1/balance"): {"balance": 5},
     ("post", "/v1/sessions/{session_id}/inquiries"): {"question": "What happened?"},
+    ("post", "/v1/webhooks"): WEBHOOK,
 }
 #: Multipart operations (the spoken inquiry): the file they take.
 FILES: dict[tuple[str, str], Any] = {

@@ -1,6 +1,6 @@
 """Workflow-agent steps, usage and the balance over real HTTP: uvicorn + worker + dev server.
 
-Issue 6; Xema Agent Concepts ('One Agent, two execution experiences', 'What bounds a tree': spend);
+Xema Agent Concepts ('One Agent, two execution experiences', 'What bounds a tree': spend);
 docs/steps.md, docs/metering.md. ``POST|GET /v1/steps``, ``GET /v1/steps/{id}``,
 ``POST /v1/steps/{id}/handoff``, ``GET /v1/usage``, ``GET|PUT /v1/balance``.
 Workflow-level behaviour (backoff timers, handoff timeout, the stream cut) is in
@@ -25,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from activities.steps import StepActivities
-from baton.contracts import StepUpdate
+from baton.contracts.activity_io import StepUpdate
 from baton.settings import get_settings
 from cli import app as cli_app
 from tests.test_api_agents import assert_problem
@@ -370,7 +370,7 @@ def test_the_readme_step_example_runs_end_to_end(
     http: httpx.Client, stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """apply examples/agents.yaml, then summariser on the example input and schema: 2 attempts."""
-    monkeypatch.setenv("BATON_DATABASE_URL", stack.settings.database_url)
+    monkeypatch.setenv("BATON_API_URL", stack.url)
     get_settings.cache_clear()
     try:
         applied = CliRunner().invoke(cli_app, ["apply", "-f", str(EXAMPLES / "agents.yaml")])
@@ -560,7 +560,7 @@ def test_a_zoneless_usage_time_is_not_a_server_error(stack: Stack) -> None:
 
 def test_balance_get_and_put(http: httpx.Client) -> None:
     """Unlimited (null) by default; PUT a number or null; bounds 0..1e12; junk, a negative
-    amount and inf → 422 (issue 10, item 11: -1 was accepted)."""
+    amount and inf → 422 (a negative balance would stop every call)."""
     assert http.get("/v1/balance").json() == {"balance": None}
     put = http.put("/v1/balance", json={"balance": 12.5})
     assert (put.status_code, put.json()) == (200, {"balance": 12.5})

@@ -4,6 +4,7 @@ docs/teams.md; docs/api.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from sqlmodel import Session, select
 from baton.agents import roster
 from baton.storage.db import TeamRow, make_engine
 from tests.test_api_agents import assert_problem
-from tests.test_apply import baton
+from tests.test_apply import Api, _serve_api, baton
 from tests.test_e2e_sessions import sse
 
 
@@ -202,24 +203,30 @@ teams:
 """
 
 
-def test_apply_creates_a_team_then_reports_it_unchanged(tmp_path: Path) -> None:
+@pytest.fixture
+def apply_api(tmp_path: Path) -> Iterator[Api]:
+    """The real API `baton apply` talks to, on its own SQLite file."""
+    yield from _serve_api(tmp_path)
+
+
+def test_apply_creates_a_team_then_reports_it_unchanged(apply_api: Api, tmp_path: Path) -> None:
     """`baton apply` with a teams: section creates the team; applying again leaves it unchanged;
     an edited team is reported updated."""
-    db_url = f"sqlite:///{tmp_path / 'apply.db'}"
+    db_url = apply_api.db_url
     f = tmp_path / "baton.yaml"
     f.write_text(APPLY_FILE)
-    first = baton(db_url, "apply", "-f", str(f))
+    first = baton(apply_api, "apply", "-f", str(f))
     assert first.returncode == 0, first.stderr
     line = next(x for x in first.stdout.splitlines() if "team:desk" in x)
     assert "created" in line
-    second = baton(db_url, "apply", "-f", str(f))
+    second = baton(apply_api, "apply", "-f", str(f))
     assert second.returncode == 0, second.stderr
     line = next(x for x in second.stdout.splitlines() if "team:desk" in x)
     assert "unchanged" in line
     assert second.stdout.count("unchanged") == 3
 
     f.write_text(APPLY_FILE.replace("checks facts", "checks every fact"))
-    third = baton(db_url, "apply", "-f", str(f))
+    third = baton(apply_api, "apply", "-f", str(f))
     assert third.returncode == 0, third.stderr
     line = next(x for x in third.stdout.splitlines() if "team:desk" in x)
     assert "updated" in line
@@ -234,16 +241,16 @@ def test_apply_creates_a_team_then_reports_it_unchanged(tmp_path: Path) -> None:
     assert row.members[1]["delegation_hint"] == "checks every fact"
 
 
-def test_apply_refuses_a_team_with_an_unknown_member(tmp_path: Path) -> None:
-    """A teams: entry naming an agent that does not exist fails the apply and writes nothing."""
-    db_url = f"sqlite:///{tmp_path / 'apply.db'}"
+def test_apply_refuses_a_team_with_an_unknown_member(apply_api: Api, tmp_path: Path) -> None:
+    """A teams: entry naming an agent that does not exist fails the apply and stores no team."""
+    db_url = apply_api.db_url
     f = tmp_path / "baton.yaml"
     f.write_text(
         APPLY_FILE.replace("{agent_id: checker,", "{agent_id: ghost,").replace(
             "to: checker", "to: ghost"
         )
     )
-    out = baton(db_url, "apply", "-f", str(f))
+    out = baton(apply_api, "apply", "-f", str(f))
     assert out.returncode != 0
     assert "ghost" in out.stdout + out.stderr
     engine = make_engine(db_url)

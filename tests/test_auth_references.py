@@ -1,4 +1,4 @@
-"""Auth mode side doors (issue 10, items 3 and 4): a deleted agent's history cannot be taken
+"""Auth mode side doors: a deleted agent's history cannot be taken
 over through ``create_agent``, and specs may reference only agents the user may read or run."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.test_auth import live_auth as live_auth  # the fixtures, re-exported 
 from tests.test_auth import registry_auth as registry_auth
 from tests.xagent_helpers import add_session, playbook
 
-# --- item 3: one creation path, one check -----------------------------------------------
+# --- one creation path, one check --------------------------------------------------
 
 
 def _delete_with_history(alice: Any, slug: str) -> str:
@@ -91,7 +91,7 @@ def test_a_slug_with_history_counts_as_taken_in_auth_mode_only(
             registry.create_agent(s, slug="gone", name="Mine")
 
 
-# --- item 4: references need roles; the resolved view shows only what the caller reads --
+# --- references need roles; the resolved view shows only what the caller reads --
 
 SECRET = "alice's secret prompt"
 SECRET_RULE = "alice's secret rule"

@@ -1,4 +1,4 @@
-"""bench/peer.py's phase selection and target lines (issue 14), without running a stack."""
+"""bench/peer.py's phase selection and target lines, without running a stack."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`baton step` and `baton usage`, run in-process against a live API + worker (issue 6)."""
+"""`baton step` and `baton usage`, run in-process against a live API + worker."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def stack(
     with running_stack(temporal_env, db, prices={"scripted": (0.0, 1_000_000.0)}) as s:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("BATON_DATABASE_URL", s.settings.database_url)
+            mp.setenv("BATON_API_URL", s.url)  # `baton apply` goes through the API
             applied = invoke("apply", "-f", str(EXAMPLES / "agents.yaml"))
         assert applied.exit_code == 0, applied.output
         yield s

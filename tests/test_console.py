@@ -1,4 +1,4 @@
-"""The web console in a real browser (issue 15): Playwright drives Debian's Chromium
+"""The web console in a real browser: Playwright drives Debian's Chromium
 against the real API + worker + Temporal dev server + SQLite file.
 
 Chromium comes from ``apt-get install chromium`` (.ci/run); it is never downloaded.
@@ -39,12 +39,12 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-#: Review timeout of this module's stack (seconds): long enough to click, short enough
-#: to watch a card count down to its timeout.
-REVIEW_TIMEOUT = 8.0
+#: Review timeout of this module's stack (seconds): long enough to click on a loaded machine
+#: (two suites at once), short enough to watch a card count down to its timeout.
+REVIEW_TIMEOUT = 25.0
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-LAPTOP = {"width": 1200, "height": 760}
-PHONE = {"width": 390, "height": 800}
+LAPTOP = {"width": 1366, "height": 768}
+PHONE = {"width": 390, "height": 844}
 
 
 class Stack:
@@ -205,7 +205,7 @@ def test_approve_from_the_inbox_and_the_session_continues(
     card = page.locator(f'#pending [data-review="{rid}"]')
     expect(card.get_by_role("heading")).to_have_text("caller-a wants to invoke target")
     expect(card.locator(".preview")).to_have_text("hello target")
-    expect(card.locator(".countdown")).to_have_text(re.compile(r"^0:0\d$"))
+    expect(card.locator(".countdown")).to_have_text(re.compile(r"^0:[0-2]\d$"))
     expect(card.get_by_role("button", name="Always allow")).to_be_visible()
     shot(page, "inbox", tmp_path)
     card.get_by_role("button", name="Allow once").click()
@@ -246,13 +246,14 @@ def test_always_allow_resolves_the_other_card_in_every_open_inbox(
 
 def test_a_review_card_counts_down_to_its_timeout(stack: Stack, page: Page, tmp_path: Path) -> None:
     """On the session page the waiting review is an inline card whose countdown falls,
-    then shows the timeout outcome (denied) when nobody decides."""
+    then shows the timeout outcome (denied) when nobody decides; the trace lists that
+    call as timed out with its reason."""
     _caller(stack.http, "caller-c")
     sid = _launch(stack.http, {"agent": "caller-c", "prompt": "go"})
     rid = _review_of(stack.http, sid)
     page.goto(f"{stack.base}/ui/sessions/{sid}")
     countdown = page.locator(f'#transcript [data-review="{rid}"] .countdown')
-    expect(countdown).to_have_text(re.compile(r"^0:0\d$"))
+    expect(countdown).to_have_text(re.compile(r"^0:[0-2]\d$"))
     shot(page, "session-review", tmp_path)
     first = int(countdown.inner_text().split(":")[1])
     page.wait_for_timeout(2100)
@@ -261,13 +262,20 @@ def test_a_review_card_counts_down_to_its_timeout(stack: Stack, page: Page, tmp_
     outcome = page.locator(f'#transcript [data-review="{rid}"] .outcome')
     expect(outcome).to_have_text("Timed out — denied", timeout=int(REVIEW_TIMEOUT * 1000) + 5000)
     assert stack.http.get(f"/v1/reviews/{rid}").json()["status"] == "timed_out"
+    page.goto(f"{stack.base}/ui/sessions/{sid}/trace")
+    expect(page.locator(".refused li")).to_have_text(
+        re.compile(
+            rf"^timed out:\s+invoke target via invoke\s+— no decision within {REVIEW_TIMEOUT:g} s$"
+        )
+    )
 
 
 def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
     stack: Stack, page: Page, tmp_path: Path
 ) -> None:
     """A team run's delegations render inline as cards that fill as the members stream,
-    then complete; the trace page lists each step with tokens, cost and wall-clock."""
+    link their session and show the result once (tool output collapsed); the trace page
+    lists each step with tokens, cost and wall-clock."""
     sid = _launch(stack.http, {"team": "desk", "prompt": "go"})
     page.goto(f"{stack.base}/ui/sessions/{sid}")
     checker = page.locator('#transcript [data-delegation]:has-text("lead → checker")')
@@ -275,11 +283,19 @@ def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
     # Streaming: part of the member's reply is on the card before it completes.
     expect(checker.locator(".work")).to_contain_text("checking every", timeout=10_000)
     assert checker.locator(".state").inner_text() == "running"
-    expect(checker.locator(".state")).to_have_text(
-        "completed: checking every claim in the memo one by one now done CHECKED", timeout=15_000
+    expect(checker.locator(".state")).to_have_text("completed", timeout=15_000)
+    expect(checker.locator(".work")).to_have_text(
+        "checking every claim in the memo one by one now done CHECKED"
+    )
+    expect(checker.locator("a.delegated-session")).to_have_attribute(
+        "href", re.compile(r"^/ui/sessions/session-")
     )
     writer = page.locator('#transcript [data-delegation]:has-text("lead → writer")')
-    expect(writer.locator(".state")).to_have_text("completed: WRITTEN")
+    expect(writer.locator(".state")).to_have_text("completed")
+    expect(writer.locator(".work")).to_have_text("WRITTEN")
+    # The delegated results are not repeated open in the transcript: tool output is collapsed.
+    expect(page.locator("#transcript .msg-tool details:not([open])").first).to_be_attached()
+    assert page.locator("#transcript .msg-tool details[open]").count() == 0
     expect(page.locator("#session-status")).to_have_text("idle", timeout=15_000)
     expect(page.locator("#transcript .msg-assistant").last).to_contain_text("SYNTH")
     shot(page, "session-team", tmp_path)
@@ -291,6 +307,361 @@ def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
     expect(rows.nth(1).locator("dd").first).to_have_text(re.compile(r"^\d+ / \d+$"))
     expect(rows.nth(1)).to_contain_text(re.compile(r"\d+ ms"))
     shot(page, "trace", tmp_path)
+
+
+#: A step's deliverable: ``{"summary": str}``.
+SUMMARY = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "description": "one line"}},
+    "required": ["summary"],
+}
+#: The drafter's first deliverable, and its revision once the note says "shorter please".
+DRAFT_PLAYBOOK = [
+    {"when": "shorter please", "reply": '{"summary": "short"}'},
+    {"reply": '{"summary": "first draft"}'},
+]
+
+
+def _handoff_step(http: httpx.Client, text: str) -> str:
+    """Start a ``drafter`` step with a handoff and wait until it awaits the decision."""
+    resp = http.post(
+        "/v1/steps",
+        json={"agent": "drafter", "input": text, "output_schema": SUMMARY, "handoff": True},
+    )
+    assert resp.status_code == 202, resp.text
+    sid = str(resp.json()["step_id"])
+    _wait_step(http, sid, "awaiting_handoff")
+    return sid
+
+
+def _wait_step(
+    http: httpx.Client, sid: str, want: str, attempts: int = 1, timeout: float = 30
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        got: dict[str, Any] = http.get(f"/v1/steps/{sid}").json()
+        if got["status"] == want and got["attempts"] == attempts:
+            return got
+        assert time.monotonic() < deadline, f"{sid} never became {want}@{attempts}: {got}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def drafter(stack: Stack) -> str:
+    """The ``drafter`` agent whose steps deliver a summary (revised on "shorter please")."""
+    _agent(stack.http, "drafter", playbook=DRAFT_PLAYBOOK)
+    return "drafter"
+
+
+def test_handoffs_are_approved_revised_and_rejected_from_the_inbox(
+    stack: Stack, page: Page, drafter: str, tmp_path: Path
+) -> None:
+    """Pending handoffs are inbox cards beside reviews (deliverable, countdown); Approve,
+    Revise with a note and Reject go through POST /v1/steps/{id}/handoff, each card shows
+    the status the server applied, and the revised attempt's handoff arrives live."""
+    ok, again, no = (_handoff_step(stack.http, t) for t in ("Plan A", "Plan B", "Plan C"))
+    page.goto(f"{stack.base}/ui/inbox")
+    card = page.locator(f'#handoffs [data-step="{ok}"]')
+    expect(card.get_by_role("heading")).to_have_text("drafter@1 hands off: Plan A")
+    expect(card.locator(".preview")).to_contain_text('"summary": "first draft"')
+    expect(card.locator(".countdown")).to_have_text(re.compile(r"^23h 5\dm$"))
+    expect(page.locator("#handoffs [data-step]")).to_have_count(3)
+    shot(page, "inbox-handoffs", tmp_path)
+
+    card.get_by_role("button", name="Approve").click()
+    outcome = page.locator(f'[data-key="{ok}:1"] .outcome')
+    expect(outcome).to_have_text("Approved — the step is completed")
+    assert stack.http.get(f"/v1/steps/{ok}").json()["status"] == "completed"
+
+    card = page.locator(f'#handoffs [data-step="{again}"]')
+    card.get_by_role("button", name="Revise with note").click()
+    expect(card.get_by_role("alert")).to_have_text("Write a note saying what to revise.")
+    card.get_by_label("Note (sent with Revise or Reject)").fill("shorter please")
+    card.get_by_role("button", name="Revise with note").click()
+    expect(page.locator(f'[data-key="{again}:1"] .outcome')).to_contain_text(
+        "Sent back for revision — the step is"
+    )
+    revised = page.locator(f'#handoffs [data-key="{again}:2"]')
+    expect(revised.locator(".preview")).to_contain_text('"summary": "short"', timeout=15_000)
+
+    card = page.locator(f'#handoffs [data-step="{no}"]')
+    card.get_by_label("Note (sent with Revise or Reject)").fill("not needed")
+    card.get_by_role("button", name="Reject").click()
+    expect(page.locator(f'[data-key="{no}:1"] .outcome')).to_have_text(
+        "Rejected — the step is rejected"
+    )
+    got = stack.http.get(f"/v1/steps/{no}").json()
+    assert (got["status"], got["error"]) == ("rejected", "not needed")
+    revised.get_by_role("button", name="Approve").click()
+    expect(page.locator(f'[data-key="{again}:2"] .outcome')).to_have_text(
+        "Approved — the step is completed"
+    )
+    assert _wait_step(stack.http, again, "completed", attempts=2)["deliverable"] == {
+        "summary": "short"
+    }
+
+
+def test_the_steps_list_and_a_step_page_decide_a_handoff(
+    stack: Stack, page: Page, drafter: str, tmp_path: Path
+) -> None:
+    """/ui/steps lists each step (status, agent@version, attempt, deadline); the step page
+    shows the input, the deliverable rendered from its schema and each attempt, and its
+    Approve, reached and pressed by keyboard alone, settles the step, after which the page
+    shows it completed."""
+    sid = _handoff_step(stack.http, "Plan D")
+    page.goto(f"{stack.base}/ui/steps")
+    row = page.locator(f'tr[data-step="{sid}"]')
+    expect(row).to_contain_text("awaiting_handoff")
+    expect(row).to_contain_text("drafter@1")
+    expect(row.locator(".countdown")).to_have_text(re.compile(r"^23h 5\dm$"))
+    row.get_by_role("link", name="Plan D").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Plan D")
+    expect(page.locator(".fields dt")).to_have_text("summary (one line)")
+    expect(page.locator(".fields dd")).to_have_text("first draft")
+    expect(page.locator(".attempts > li")).to_have_count(1)
+    expect(page.locator(".attempts .reply")).to_have_text('{"summary": "first draft"}')
+    shot(page, "step", tmp_path)
+    # By keyboard alone: Tab from the top of the page to Approve, then Enter.
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement.textContent") == "Approve":
+            break
+    else:
+        pytest.fail("Tab never reached the Approve button")
+    page.keyboard.press("Enter")
+    expect(page.locator("#step-status")).to_have_text("completed", timeout=10_000)
+    assert stack.http.get(f"/v1/steps/{sid}").json()["status"] == "completed"
+
+
+def _audit_pages(stack: Stack, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+    """caller-d's 3 audit rows, 2 a page: a full first page links Older only, the last
+    one Newer only; an offset past the API's bound is refused (422)."""
+    from api.ui import audit as ui_audit
+    from baton.agents.schemas import MAX_OFFSET
+
+    monkeypatch.setattr(ui_audit, "PAGE", 2)
+    page.goto(f"{stack.base}/ui/audit?agent=caller-d")
+    expect(page.locator("tbody tr[data-audit]")).to_have_count(2)
+    expect(page.locator("#audit-count")).to_have_text("Rows 1 to 2 of 3")
+    expect(page.get_by_role("link", name="← Newer")).to_have_count(0)
+    page.get_by_role("link", name="Older →").click()
+    expect(page.locator("tbody tr[data-audit]")).to_have_count(1)
+    expect(page.locator("#audit-count")).to_have_text("Rows 3 to 3 of 3")
+    expect(page.get_by_role("link", name="Older →")).to_have_count(0)
+    expect(page.get_by_role("link", name="← Newer")).to_have_attribute(
+        "href", re.compile(r"agent=caller-d.*offset=0")
+    )
+    assert stack.http.get("/ui/audit", params={"offset": MAX_OFFSET}).status_code == 200
+    refused = stack.http.get("/ui/audit", params={"offset": MAX_OFFSET + 1})
+    assert (refused.status_code, refused.json()["code"]) == (422, "validation_error")
+
+
+def test_a_reviews_audit_row_is_found_from_its_card(
+    stack: Stack, page: Page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A card names and links its calling session and opening time, shows the caller's
+    last two messages and its history with this target (counted from the audit log);
+    Always allow leaves it visibly resolved with "policy saved"; its audit link opens the
+    audit log at that review's row (caller, target, via, outcome, decided by, policy
+    saved); the log pages with Newer / Older (edge: a full page, the last page, the
+    largest offset); filters that match nothing show the empty state."""
+    _caller(stack.http, "caller-d")
+    sid = _launch(stack.http, {"agent": "caller-d", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    page.goto(f"{stack.base}/ui/inbox")
+    card = page.locator(f'#pending [data-review="{rid}"]')
+    expect(card.locator(".session-link")).to_have_attribute("href", f"/ui/sessions/{sid}")
+    expect(card.locator(".context time")).to_have_count(1)
+    expect(card.locator(".last-messages li")).to_have_text(["user: go", "caller-d: Calling."])
+    expect(card.locator(".history")).to_have_text("First time caller-d asks for this.")
+    card.get_by_role("button", name="Always allow").click()
+    done = page.locator(f'[data-review="{rid}"]')
+    expect(done.locator(".saved")).to_have_text("policy saved: always allow for target")
+    expect(done).to_have_class(re.compile(r"\bresolved\b"))
+    done.get_by_role("link", name="Find in the audit log").click()
+    page.wait_for_url(re.compile(r"/ui/audit\?review_id="))
+    row = page.locator(f'tr[data-review="{rid}"]')
+    expect(row).to_have_count(1)
+    expect(page.locator("tbody tr")).to_have_count(1)
+    for text in ("caller-d", "invoke", "target", "allowed", "local", "yes, for target"):
+        expect(row).to_contain_text(text)
+    shot(page, "audit", tmp_path)
+    again = _launch(stack.http, {"agent": "caller-d", "prompt": "go2"})
+    page.goto(f"{stack.base}/ui/inbox")
+    rid2 = _review_of(stack.http, again)
+    second = page.locator(f'#pending [data-review="{rid2}"]')
+    expect(second.locator(".history")).to_have_text("First time caller-d asks for this.")
+    second.get_by_role("button", name="Deny").click()
+    expect(page.locator(f'[data-review="{rid2}"] .outcome')).to_have_text("Denied by local")
+    third = _launch(stack.http, {"agent": "caller-d", "prompt": "go2"})
+    page.goto(f"{stack.base}/ui/inbox")
+    rid3 = _review_of(stack.http, third)
+    card = page.locator(f'#pending [data-review="{rid3}"]')
+    expect(card.locator(".history")).to_have_text("Before: allowed 0 times, denied 1 time.")
+    card.get_by_role("button", name="Deny").click()
+    expect(page.locator(f'[data-review="{rid3}"] .outcome')).to_have_text("Denied by local")
+    page.goto(f"{stack.base}/ui/audit")
+    page.get_by_label("Agent (caller)").select_option("caller-d")
+    page.get_by_label("Outcome").select_option("block")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("tbody .empty")).to_have_text("No audit rows match these filters.")
+    page.get_by_label("Outcome").select_option("allow")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator(f'tr[data-review="{rid}"]')).to_have_count(1)
+    _audit_pages(stack, page, monkeypatch)
+    by_review = stack.http.get("/v1/audit", params={"review_id": rid}).json()
+    assert [a["review_id"] for a in by_review["data"]] == [rid]
+    assert stack.http.get("/v1/audit", params={"review_id": rid, "via": "route"}).json() == {
+        "data": [],
+        "count": 0,
+    }
+    _wait_status(stack.http, sid, "idle")
+
+
+def _set_toggle(page: Page, base: str, caller: str, target: str, value: str) -> None:
+    page.goto(f"{base}/ui/agents/{caller}/policies")
+    page.get_by_label("Search agents by name or slug").fill(target)
+    expect(page.locator(f'tr[data-target="{target}"]')).to_be_visible()
+    expect(page.locator('tr[data-target="checker"]')).to_be_hidden()
+    page.get_by_label(f"Send messages to {target}", exact=True).select_option(value)
+    page.get_by_role("button", name="Save permissions").click()
+    expect(page.locator("#policy-saved")).to_have_text(
+        "Saved. The next call follows these permissions."
+    )
+
+
+def test_a_per_agent_toggle_is_followed_by_the_next_invoke(
+    stack: Stack, page: Page, tmp_path: Path
+) -> None:
+    """The policies page (three global toggles, a searchable per-agent table) saves through
+    PUT /v1/agents/{slug}/policies: Block on a row refuses the next invoke without a
+    review; Allow lets the next one through without a review."""
+    _caller(stack.http, "caller-e")
+    page.goto(f"{stack.base}/ui/agents")
+    page.locator('tr[data-agent="caller-e"]').get_by_role("link", name="Policies").click()
+    expect(page.get_by_role("radiogroup", name="List agents")).to_be_visible()
+    expect(page.get_by_role("radiogroup", name="Send messages to all agents")).to_be_visible()
+    expect(page.get_by_label("Send messages to target", exact=True)).to_have_value("review")
+    shot(page, "policies", tmp_path)
+    _set_toggle(page, stack.base, "caller-e", "target", "block")
+    got = stack.http.get("/v1/agents/caller-e/policies").json()
+    assert got["targets"] == {"target": {"read": "review", "invoke": "block"}}
+    blocked = _launch(stack.http, {"agent": "caller-e", "prompt": "go", "sync": True})
+    assert stack.http.get("/v1/reviews", params={"session_id": blocked}).json()["count"] == 0
+    audit = stack.http.get("/v1/audit", params={"session_id": blocked}).json()["data"]
+    assert [(a["outcome"], a["target"], a["via"]) for a in audit] == [("block", "target", "invoke")]
+    for via, count in (("invoke", 1), ("route", 0)):
+        params = {"session_id": blocked, "via": via}
+        assert stack.http.get("/v1/audit", params=params).json()["count"] == count
+    page.goto(f"{stack.base}/ui/sessions/{blocked}/trace")
+    expect(page.locator(".refused li")).to_contain_text(re.compile(r"^refused:\s+invoke target"))
+
+    _set_toggle(page, stack.base, "caller-e", "target", "allow")
+    allowed = _launch(stack.http, {"agent": "caller-e", "prompt": "go", "sync": True})
+    assert stack.http.get("/v1/reviews", params={"session_id": allowed}).json()["count"] == 0
+    msgs = stack.http.get(f"/v1/sessions/{allowed}/transcript").json()["messages"]
+    assert "target says hi" in msgs[-1]["text"]
+
+
+def test_publish_a_draft_roll_back_and_the_next_session_runs_the_rolled_back_revision(
+    stack: Stack, page: Page, tmp_path: Path
+) -> None:
+    """On the agent page the draft editor shows the API's validation errors at the field;
+    a valid draft is saved and published as v2 (live), the diff shows v1 against v2, Roll
+    back to v1 moves the live marker, and the next session is pinned to v1."""
+    _agent(stack.http, "versioned", playbook=[{"reply": "v1 says hi"}])
+    page.goto(f"{stack.base}/ui/agents")
+    page.locator('tr[data-agent="versioned"]').get_by_role("link", name="versioned").click()
+    expect(page.locator("#live-version")).to_have_text("v1")
+    editor = page.get_by_label("Spec")
+    expect(editor).to_have_value(re.compile("v1 says hi"))
+    editor.fill("playbook:\n- reply: v2 says hi\nlimits:\n  max_depth: -1\n")
+    page.get_by_role("button", name="Save draft").click()
+    error = page.locator('#draft-errors [data-path="limits.max_depth"]')
+    expect(error).to_contain_text("limits.max_depth: ")
+    expect(error).to_contain_text("(line 4)")
+    editor.fill("playbook: [unclosed\n")
+    page.get_by_role("button", name="Save draft").click()
+    expect(page.locator("#draft-errors li")).to_contain_text("line 2")
+    editor.fill("playbook:\n- reply: v2 says hi\n")
+    page.get_by_role("button", name="Publish the draft").click()
+    expect(page.locator("#agent-done")).to_contain_text("Published v2")
+    expect(page.locator("#live-version")).to_have_text("v2")
+    expect(page.locator('#revisions tr[data-version="2"]')).to_contain_text("live")
+    page.get_by_label("From").select_option("1")
+    page.get_by_label("To").select_option("2")
+    page.get_by_role("button", name="Show diff").click()
+    expect(page.locator("#diff .d-del")).to_contain_text(["v1 says hi"])
+    expect(page.locator("#diff .d-add")).to_contain_text(["v2 says hi"])
+    shot(page, "agent", tmp_path)
+    page.get_by_role("button", name="Roll back to v1").click()
+    expect(page.locator("#agent-done")).to_have_text(
+        "Rolled back: v1 is live; new sessions run it."
+    )
+    expect(page.locator("#live-version")).to_have_text("v1")
+    resp = stack.http.post(
+        "/v1/sessions", json={"agent": "versioned", "prompt": "hi", "sync": True}
+    )
+    assert resp.status_code == 201, resp.text
+    assert (resp.json()["version"], resp.json()["response"]) == (1, "v1 says hi")
+    draft = stack.http.get("/v1/agents/versioned").json()["draft"]
+    assert [rule["reply"] for rule in draft["playbook"]] == ["v2 says hi"]
+
+
+def test_the_team_page_shows_the_lead_members_and_routes(
+    stack: Stack, page: Page, tmp_path: Path
+) -> None:
+    """The agents page links each team to its page: lead, members with roles and hints,
+    the routes (or their empty state)."""
+    page.goto(f"{stack.base}/ui/agents")
+    page.locator('tr[data-team="desk"]').get_by_role("link", name="desk").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text("Desk")
+    expect(page.locator("tbody tr")).to_have_count(3)
+    expect(page.locator("tbody tr").first).to_contain_text("lead (supervisor)")
+    expect(page.locator("main")).to_contain_text("No routes: the lead decides every delegation.")
+
+
+def test_every_page_fits_a_phone_and_is_shot_at_both_widths(
+    stack: Stack, browser: Browser, drafter: str, tmp_path: Path
+) -> None:
+    """At 390 px no console page scrolls sideways (wide tables scroll inside their own
+    box); each page is shot at 1366x768 and 390x844, and its skip link leads the tab
+    order."""
+    sid = _launch(stack.http, {"team": "desk", "prompt": "go", "sync": True})
+    step = _handoff_step(stack.http, "Plan for the phone")
+    pages = {
+        "home": "/ui/",
+        "inbox": "/ui/inbox",
+        "steps": "/ui/steps",
+        "step": f"/ui/steps/{step}",
+        "audit": "/ui/audit",
+        "agents": "/ui/agents",
+        "agent": "/ui/agents/lead",
+        "policies": "/ui/agents/lead/policies",
+        "team": "/ui/teams/desk",
+        "session": f"/ui/sessions/{sid}",
+        "trace": f"/ui/sessions/{sid}/trace",
+        "login": "/ui/login",
+    }
+    for suffix, viewport in (("", LAPTOP), ("-phone", PHONE)):
+        context = browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+        try:
+            page = context.new_page()
+            for name, path in pages.items():
+                page.goto(f"{stack.base}{path}")
+                page.wait_for_load_state("networkidle")
+                wide = page.evaluate(
+                    "() => [document.documentElement.scrollWidth,"
+                    " document.documentElement.clientWidth]"
+                )
+                assert wide[0] <= wide[1], f"{path} overflows at {viewport}: {wide}"
+                shot(page, f"page-{name}{suffix}", tmp_path)
+                page.keyboard.press("Tab")
+                focused = page.evaluate("() => document.activeElement.textContent")
+                assert focused == "Skip to content", (path, focused)
+        finally:
+            context.close()
+    stack.http.post(f"/v1/steps/{step}/handoff", json={"decision": "approve"})
 
 
 def _footprint(engine: Engine, root: str) -> tuple[Any, ...]:
@@ -350,17 +721,22 @@ def test_the_ambassador_panel_answers_and_its_draft_is_sent_as_a_user_turn(
 
 def test_agents_teams_and_the_launcher(stack: Stack, page: Page, tmp_path: Path) -> None:
     """The agents page lists each agent with its kind and live version and the teams; the
-    launcher starts a Solo session of an agent and opens its page."""
+    launcher shows only the chosen kind's controls and starts a Solo session of an agent
+    and opens its page."""
     page.goto(f"{stack.base}/ui/agents")
     expect(page.locator("tr:has-text('briefer')")).to_contain_text("ambassador")
     expect(page.locator("tr:has-text('checker')").first).to_contain_text("v1")
     expect(page.locator("tr:has-text('desk')")).to_contain_text("checker, writer")
-    shot(page, "agents", tmp_path)
     page.goto(f"{stack.base}/ui/")
+    page.get_by_label("a team").check()
+    expect(page.get_by_label("Agent", exact=True)).to_be_hidden()
+    expect(page.get_by_label("Solo")).to_be_hidden()
+    expect(page.get_by_label("Team", exact=True)).to_be_visible()
+    page.get_by_label("an agent").check()
+    expect(page.get_by_label("Team", exact=True)).to_be_hidden()
     page.get_by_label("Agent", exact=True).select_option("target")
     page.get_by_label("Solo").check()
     page.get_by_label("First message").fill("hello there")
-    shot(page, "home", tmp_path)
     with page.expect_request(
         lambda r: r.url.endswith("/v1/sessions") and r.method == "POST"
     ) as req:
@@ -374,13 +750,47 @@ def test_agents_teams_and_the_launcher(stack: Stack, page: Page, tmp_path: Path)
     expect(page.locator("#transcript .msg-assistant")).to_have_text(re.compile("target says hi"))
 
 
+def _policy_table_visibility(page: Page, base: str, engine: Engine, tokens: dict[str, str]) -> None:
+    """Auth mode, ann logged in: her policy table hides bob's agent (and its stored row,
+    which her save keeps); bob, a viewer of caller-z, reads it without a Save button."""
+    from baton.grants import auth, policies
+    from baton.storage.db import session_scope
+
+    bob = {"Authorization": f"Bearer {tokens['bob']}"}
+    with httpx.Client(base_url=base, timeout=60, headers=bob) as http:
+        _agent(http, "bobs-secret", playbook=[{"reply": "hidden"}])
+    with session_scope(engine) as s:
+        policies.save_policy(
+            s, caller="caller-z", operation="invoke", target="bobs-secret", decision="block"
+        )
+        auth.grant(s, agent="caller-z", user_id="bob", role="viewer")
+    page.goto(f"{base}/ui/agents/caller-z/policies")
+    expect(page.locator("tr[data-target]")).to_have_count(1)
+    expect(page.locator('tr[data-target="target"]')).to_be_visible()
+    expect(page.locator("#policy-table")).not_to_contain_text("bobs-secret")
+    page.get_by_label("Send messages to target", exact=True).select_option("allow")
+    page.get_by_role("button", name="Save permissions").click()
+    expect(page.locator("#policy-saved")).to_contain_text("Saved.")
+    with session_scope(engine) as s:
+        kept = policies.get_policies(s, caller="caller-z").targets
+    assert kept["bobs-secret"].invoke == "block" and kept["target"].invoke == "allow"
+    page.get_by_role("button", name="Log out").click()
+    page.get_by_label("API token").fill(tokens["bob"])
+    page.get_by_role("button", name="Log in").click()
+    page.goto(f"{base}/ui/agents/caller-z/policies")
+    expect(page.get_by_role("note")).to_contain_text("Only an owner of caller-z")
+    expect(page.get_by_role("button", name="Save permissions")).to_have_count(0)
+    expect(page.locator('tr[data-target="bobs-secret"] select').first).to_be_disabled()
+
+
 def test_auth_mode_token_login_and_the_same_acl_as_the_api(
     temporal_env: WorkflowEnvironment, browser: Browser, tmp_path: Path
 ) -> None:
     """In auth mode a console page redirects to the token login; a bad token is refused;
     after login the cookie carries the token to the pages, the SSE inbox and the API, and
     a user sees and decides only what the API would let them (bob: nothing; ann: her
-    review, decided as ann)."""
+    review, decided as ann), the ambassador panel says how to add one when none exists,
+    and the policy table hides agents the viewer cannot see."""
     settings = Settings(
         database_url=migrated(f"sqlite:///{tmp_path / 'auth.db'}"),
         temporal_address=temporal_env.client.service_client.config.target_host,
@@ -426,9 +836,37 @@ def test_auth_mode_token_login_and_the_same_acl_as_the_api(
                 expect(page.locator(f'[data-review="{rid}"] .outcome')).to_have_text(
                     "Allowed by ann"
                 )
+                page.goto(f"{services.api_url}/ui/sessions/{sid}")
+                expect(page.locator("#no-ambassador")).to_contain_text("No ambassador yet.")
+                expect(page.get_by_role("button", name="Ask")).to_have_count(0)
+                _policy_table_visibility(page, services.api_url, engine, tokens)
             finally:
                 context.close()
             _wait_status(ann, sid, "idle")
     finally:
         engine.dispose()
         services.stop()
+
+
+def test_fork_from_here_opens_the_fork_with_the_prefix_and_its_own_turn(
+    stack: Stack, page: Page
+) -> None:
+    """ "Fork from here" on a reply, with a new message, opens the new session: its lineage,
+    the original's messages up to that reply, then its own turn; the original is unchanged."""
+    sid = _launch(stack.http, {"agent": "target", "prompt": "hi there", "sync": True})
+    before = stack.http.get(f"/v1/sessions/{sid}/transcript").json()["messages"]
+    reply = before[-1]["id"]
+    page.goto(f"{stack.base}/ui/sessions/{sid}")
+    item = page.locator(f'#transcript li[data-msg="{reply}"]')
+    item.get_by_role("button", name="Fork from here").click()
+    item.get_by_label("Next message").fill("once more")
+    item.get_by_role("button", name="Fork", exact=True).click()
+    page.wait_for_url(re.compile(r"/ui/sessions/session-(?!" + sid.removeprefix("session-") + ")"))
+    expect(page.locator(".lineage")).to_contain_text(f"Forked from {sid}")
+    expect(page.locator("#transcript .msg-user")).to_have_text(
+        [re.compile("hi there"), re.compile("once more")]
+    )
+    expect(page.locator("#transcript .msg-assistant")).to_have_count(2)
+    assert stack.http.get(f"/v1/sessions/{sid}/transcript").json()["messages"] == before
+    page.get_by_role("link", name="Trace", exact=True).click()
+    expect(page.locator(".trace-node .lineage")).to_contain_text(f"forked from {sid} after {reply}")

@@ -1,4 +1,4 @@
-"""The session workflow's current details (issue 12, item 3): what the Temporal UI shows
+"""The session workflow's current details: what the Temporal UI shows
 an operator about a session now. Real dev server and worker, read the way the UI reads
 them (the SDK's built-in ``__temporal_workflow_metadata`` Query)."""
 

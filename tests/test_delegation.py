@@ -28,7 +28,9 @@ import baton.providers.models
 from activities.delegate import Refused
 from baton.agents import registry, roster, teams
 from baton.agents.spec import AgentSpec
-from baton.contracts import DelegateInput, Provenance, SessionConfig, ToolCall, ToolMessage
+from baton.contracts.activity_io import DelegateInput, ToolMessage
+from baton.contracts.values import ToolCall
+from baton.contracts.workflow_io import Provenance, SessionConfig
 from baton.errors import TurnFailed
 from baton.grants import policies
 from baton.runs import launch, run_tree, session_store
@@ -41,7 +43,7 @@ from baton.storage.db import (
     SessionRow,
     session_scope,
 )
-from tests.helpers import TEST_CONFIG, publish, wait_for
+from tests.helpers import STEADY_CONFIG, TEST_CONFIG, publish, wait_for
 from tests.helpers import launch as launch_agent
 from tests.test_teams import team_run
 
@@ -543,7 +545,9 @@ async def test_two_agents_delegating_to_each_other_are_bounded(
     publish(db_engine, "ping", playbook=delegating("pong", "rally"), delegation=ON_ROSTER)
     publish(db_engine, "pong", playbook=delegating("ping", "rally"), delegation=ON_ROSTER)
     roster.clear_cache()
-    done = await asyncio.wait_for(run(temporal_env, db_engine, worker, "ping"), 30)
+    # Counts model calls: STEADY_CONFIG, so that a heartbeat late under load retries
+    # nothing; the suite's timeout bounds a rally that would not end.
+    done = await run(temporal_env, db_engine, worker, "ping", config=STEADY_CONFIG)
     assert done.response is not None
     assert done.response.startswith('<<{"error":"one_hop_violation: ')
     assert [s.agent_slug for s in all_sessions(db_engine)] == ["ping", "pong"]
@@ -848,8 +852,10 @@ async def test_self_recursive_subagent_tree_stops_at_the_runtime_ceiling(
         subagents=[{"alias": "again", "agent": "rec"}],
     )
     assert SessionConfig().runtime_depth_ceiling == 8
-    config = TEST_CONFIG.model_copy(update={"runtime_depth_ceiling": 8})
-    done = await asyncio.wait_for(run(temporal_env, db_engine, worker, "rec", config=config), 60)
+    # Nine nested delegations heartbeat at once: STEADY_CONFIG, so that load never
+    # retries one (a retry would add model calls); the suite's timeout bounds a hang.
+    config = STEADY_CONFIG.model_copy(update={"runtime_depth_ceiling": 8})
+    done = await run(temporal_env, db_engine, worker, "rec", config=config)
     assert done.response is not None
     assert "limit_exceeded: nesting depth 9 exceeds the runtime ceiling 8" in done.response
     every = all_sessions(db_engine)
@@ -869,7 +875,7 @@ async def test_subagent_tree_bounded_by_a_lower_ceiling_and_max_depth(
         playbook=delegating("again", "deeper", tool="task"),
         subagents=[{"alias": "again", "agent": "rec"}],
     )
-    config = TEST_CONFIG.model_copy(update={"runtime_depth_ceiling": 2})
+    config = STEADY_CONFIG.model_copy(update={"runtime_depth_ceiling": 2})
     low = await run(temporal_env, db_engine, worker, "rec", config=config)
     assert low.response is not None and "exceeds the runtime ceiling 2" in low.response
     assert len(delegations_of(db_engine, low.session_id)) == 3

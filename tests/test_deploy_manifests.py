@@ -1,4 +1,4 @@
-"""deploy/ agrees with the code (issue 11, item 3): no Docker daemon or cluster here, so
+"""deploy/ agrees with the code: no Docker daemon or cluster here, so
 the manifests are rendered and checked offline — every BATON_* variable is a real
 setting, every probe path a real route, every command a real `baton` command, ports
 and grace periods line up."""

@@ -17,7 +17,7 @@ from sqlmodel import select
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from baton.contracts import Provenance, SessionConfig
+from baton.contracts.workflow_io import Provenance, SessionConfig
 from baton.runs.launch import launch_session
 from baton.storage.db import EventRow, TokenReservationRow, init_db, make_engine, session_scope
 from tests.helpers import publish, status, transcript, wait_for

@@ -1,4 +1,4 @@
-"""Idle sessions complete and the next message starts them again (issue 12, item 2).
+"""Idle sessions complete and the next message starts them again.
 
 Real dev server, real worker, SQLite; the idle timeout is cut to about a second. The
 timeout's exact edge is tested on the time-skipping server (tests/test_time_skipping.py).
@@ -33,7 +33,7 @@ from temporalio.worker import (
 )
 
 from activities.turns import SessionActivities
-from baton.contracts import ResumePoint
+from baton.contracts.activity_io import ResumePoint
 from baton.errors import SessionBusy, SessionClosed
 from baton.runs import launch as launching
 from baton.runs import session_store as sessions
@@ -523,4 +523,6 @@ def test_every_update_and_cancel_of_a_session_goes_through_baton_runs_launch() -
         for path in (root / package).rglob("*.py")
         if calls.search(path.read_text())
     }
-    assert found == {"baton/runs/launch.py"}
+    # The eval router cancels an Eval workflow, never a session (its replays are cancelled
+    # by that workflow through their activities).
+    assert found == {"baton/runs/launch.py", "api/routers/evals.py"}

@@ -1,4 +1,4 @@
-"""Long sessions (issue 14): the transcript pages by cursor, and a model call reads a bounded
+"""Long sessions: the transcript pages by cursor, and a model call reads a bounded
 context window (the newest messages, from a user message on) after the pinned system prompt."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 
-from baton.contracts import Provenance, position
+from baton.contracts.values import position
+from baton.contracts.workflow_io import Provenance
 from baton.runs import session_store as sessions
 from baton.runs.launch import send_message
 from baton.settings import Settings
@@ -113,8 +114,8 @@ def test_history_window_keeps_the_newest_messages_from_a_user_message(engine: En
 
 
 def test_transcript_route_checks_limit_and_cursor(settings: Settings, api: httpx.Client) -> None:
-    """limit 0 or 501 is a 422; a cursor without limit or naming nothing is invalid_cursor;
-    limit 500 (the bound) pages."""
+    """limit 0 or 501 is a 422; a cursor naming nothing is invalid_cursor; a cursor without
+    limit pages by the default; limit 500 (the bound) pages."""
     from baton.storage.db import make_engine
 
     engine = make_engine(settings.database_url)
@@ -125,15 +126,48 @@ def test_transcript_route_checks_limit_and_cursor(settings: Settings, api: httpx
     url = f"/v1/sessions/{sid}/transcript"
     assert api.get(url, params={"limit": 0}).status_code == 422
     assert api.get(url, params={"limit": 501}).status_code == 422
-    bad: list[dict[str, str | int]] = [{"cursor": f"{sid}:m0"}, {"limit": 2, "cursor": "nothing"}]
-    for params in bad:
-        r = api.get(url, params=params)
-        assert r.status_code == 422 and r.json()["code"] == "invalid_cursor", r.text
+    r = api.get(url, params={"limit": 2, "cursor": "nothing"})
+    assert r.status_code == 422 and r.json()["code"] == "invalid_cursor", r.text
+    after = api.get(url, params={"cursor": f"{sid}:m0"}).json()
+    assert [m["text"] for m in after["messages"]] == ["m1", "m2"] and after["next_cursor"] is None
     page = api.get(url, params={"limit": 2}).json()
     assert [m["text"] for m in page["messages"]] == ["m0", "m1"]
     assert page["next_cursor"] == f"{sid}:m1"
     rest = api.get(url, params={"limit": 500, "cursor": page["next_cursor"]}).json()
     assert [m["text"] for m in rest["messages"]] == ["m2"] and rest["next_cursor"] is None
+
+
+def test_an_unpaged_transcript_gets_the_default_page(settings: Settings, api: httpx.Client) -> None:
+    """Without limit: DEFAULT_TRANSCRIPT_PAGE messages of DEFAULT+1 with a next_cursor to the
+    last one; exactly DEFAULT messages come in one page with no next_cursor."""
+    from baton.storage.db import make_engine
+
+    n = sessions.DEFAULT_TRANSCRIPT_PAGE
+    engine = make_engine(settings.database_url)
+    try:
+        over, exact = _session(engine, n + 1), _session(engine, n)
+    finally:
+        engine.dispose()
+    first = api.get(f"/v1/sessions/{over}/transcript").json()
+    assert len(first["messages"]) == n and first["next_cursor"] == f"{over}:m{n - 1}"
+    rest = api.get(f"/v1/sessions/{over}/transcript", params={"cursor": first["next_cursor"]})
+    assert [m["text"] for m in rest.json()["messages"]] == [f"m{n}"]
+    whole = api.get(f"/v1/sessions/{exact}/transcript").json()
+    assert len(whole["messages"]) == n and whole["next_cursor"] is None
+
+
+def test_the_cli_follows_transcript_pages(settings: Settings, api: httpx.Client) -> None:
+    """The CLI's transcript reads 501 messages as two pages of its 500: all, in order."""
+    from baton.storage.db import make_engine
+    from cli.sessions import transcript_messages
+
+    engine = make_engine(settings.database_url)
+    try:
+        sid = _session(engine, 501)
+    finally:
+        engine.dispose()
+    status, messages = transcript_messages(api, sid)
+    assert status == "running" and [m["text"] for m in messages] == [f"m{i}" for i in range(501)]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The `agents` MCP server (issue 13) over real HTTP with the SDK's own client: uvicorn +
+"""The `agents` MCP server over real HTTP with the SDK's own client: uvicorn +
 real worker + Temporal dev server + SQLite. Every call runs through the caller session's
 workflow, so guards, policies, reviews and the audit are the model path's own."""
 
@@ -21,7 +21,7 @@ from mcp_types import CallToolResult, TextContent
 from sqlalchemy.engine import Engine
 from temporalio.testing import WorkflowEnvironment
 
-from baton.contracts import Provenance
+from baton.contracts.workflow_io import Provenance
 from baton.errors import SessionExternal
 from baton.grants import auth
 from baton.runs import external as external_mod

@@ -1,4 +1,4 @@
-"""A worker killed (SIGKILL) while an MCP invoke_agent is in flight (issue 13, item 3): the
+"""A worker killed (SIGKILL) while an MCP invoke_agent is in flight: the
 call is an Update on the caller's workflow, so a new worker finishes it, exactly once."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sqlmodel import col, select
 from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
-from baton.contracts import Provenance, SessionConfig
+from baton.contracts.workflow_io import Provenance, SessionConfig
 from baton.grants import policies
 from baton.runs.external import open_external_session
 from baton.settings import Settings
@@ -24,6 +24,7 @@ from tests.conftest import serve
 from tests.helpers import publish, transcript, wait_for
 from tests.test_fault import chunk_count, start_worker
 from tests.test_mcp_external import mcp_client, text
+from worker.stack import stop_process
 
 REPLY = " ".join(f"word{i}" for i in range(40))
 
@@ -100,9 +101,7 @@ async def test_killed_worker_during_an_mcp_invoke_runs_the_target_once(
             assert [d.status for d in delegations] == ["completed"]
     finally:
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=15)
+            stop_process(proc)
         server.should_exit = True
         thread.join(timeout=10)
         engine.dispose()

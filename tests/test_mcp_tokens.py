@@ -1,4 +1,4 @@
-"""Proxy tokens of external sessions (issue 13): hashed, bound to one session, revoked by a
+"""Proxy tokens of external sessions: hashed, bound to one session, revoked by a
 reissue (`baton mcp token`), by an expiry and when the session closes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typer.testing import Result
 
 from baton.agents import registry
 from baton.agents.spec import AgentSpec
-from baton.contracts import Provenance
+from baton.contracts.workflow_io import Provenance
 from baton.grants import auth
 from baton.runs import external, session_store
 from baton.storage.db import ProxyTokenRow, init_db, make_engine, session_scope, utcnow

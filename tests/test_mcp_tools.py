@@ -1,4 +1,4 @@
-"""MCP servers as tools of Baton's agents (issue 13, item 4): a local MCP server built with the
+"""MCP servers as tools of Baton's agents: a local MCP server built with the
 SDK, served over real HTTP, reached by a real worker through the `mcp_tool` activity."""
 
 from __future__ import annotations
@@ -209,3 +209,74 @@ def test_a_provider_sees_mcp_tools_under_names_it_accepts(
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_a_subagent_nodes_child_is_offered_its_agents_mcp_tools(stack: Stack, mcp_url: str) -> None:
+    """A subagent node whose agent lists an MCP server: the task's child session (started
+    with the node's configuration, so no `load_agent`) is offered `local.echo`, calls it and
+    the lead gets its result; the node's `allowed_tools` narrow the list to it."""
+    http = stack.http
+    server = {
+        "name": "local",
+        "url": mcp_url,
+        "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"},
+    }
+    worker_spec = {
+        "mcp_servers": [server],
+        "playbook": [
+            {"when": "^local\\.echo: ", "reply": "CHILD {last_message}"},
+            {
+                "when": "go",
+                "reply": "Echoing.",
+                "tool_calls": [{"tool": "local.echo", "args": {"text": "hi"}}],
+            },
+        ],
+    }
+    lead_spec = {
+        "subagents": [{"alias": "helper", "agent": "echoer", "allowed_tools": ["local.echo"]}],
+        "playbook": [
+            {"when": "^task: ", "reply": "RESULT {last_message}"},
+            {
+                "when": "go",
+                "reply": "Delegating.",
+                "tool_calls": [{"tool": "task", "args": {"alias": "helper", "prompt": "go"}}],
+            },
+        ],
+    }
+    for slug, spec in (("echoer", worker_spec), ("lead", lead_spec)):
+        created = http.post("/v1/agents", json={"slug": slug, "name": slug, "spec": spec})
+        assert created.status_code == 201, created.text
+        assert http.post(f"/v1/agents/{slug}/publish").status_code == 201
+    resp = http.post("/v1/sessions", json={"agent": "lead", "prompt": "go", "sync": True})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["response"] == "RESULT CHILD echo: hi", resp.json()["response"]
+    (child,) = [r for r in http.get("/v1/sessions", params={"agent": "echoer"}).json()["data"]]
+    row = asyncio.run(_resolved_agent(stack, child["session_id"]))
+    offered = sorted(t["name"] for t in row["mcp_tools"] if t["name"])
+    assert offered == ["echo"]
+
+
+# --- MCP server headers: which worker secrets may leave ---------------------------------
+
+
+def test_an_mcp_header_cannot_send_the_workers_own_secrets() -> None:
+    """A spec's header may name only variables the operator offers in
+    BATON_MCP_HEADER_SECRETS; Baton's own settings (the review secret that proves
+    decisions, the database URL) never leave, even when listed."""
+    env = {
+        "BATON_REVIEW_SECRET": "proof-key",
+        "BATON_DATABASE_URL": "postgresql://baton:pw@db/baton",
+        "OPENAI_API_KEY": "sk-model",
+        "GITHUB_TOKEN": "ghp_ok",
+        "BATON_MCP_HEADER_SECRETS": "GITHUB_TOKEN, BATON_REVIEW_SECRET",
+    }
+    for name in ("BATON_REVIEW_SECRET", "BATON_DATABASE_URL", "OPENAI_API_KEY"):
+        with pytest.raises(HeaderUnresolved, match="does not offer") as refused:
+            resolve_headers({"X-Leak": f"${{{name}}}"}, env)
+        assert env[name] not in str(refused.value)
+    assert resolve_headers({"Authorization": "Bearer ${GITHUB_TOKEN}"}, env) == {
+        "Authorization": "Bearer ghp_ok"
+    }
+    # Nothing offered, nothing resolved (the default).
+    with pytest.raises(HeaderUnresolved, match="does not offer"):
+        resolve_headers({"Authorization": "Bearer ${GITHUB_TOKEN}"}, {"GITHUB_TOKEN": "x"})

@@ -1,9 +1,11 @@
-"""Metrics scraped over real HTTP (issue 12, item 6): the worker's Prometheus endpoint
+"""Metrics scraped over real HTTP: the worker's Prometheus endpoint
 (``BATON_METRICS_BIND``: the Temporal SDK's metrics and Baton's counters) and the API's
-``/metrics`` (request count and latency by route and status)."""
+``/metrics`` (request count and latency by route and status, the balance)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -12,7 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.testing import WorkflowEnvironment
 
+from baton import telemetry
 from baton.settings import Settings
+from baton.storage.db import init_db, make_engine, session_scope
 from tests.test_api_reviews import (
     INVOKE_SYNC,
     agent,
@@ -90,6 +94,110 @@ def test_a_turn_a_review_and_a_delegation_move_the_worker_counters(
     assert total(api, "baton_http_requests_total", route=decided, status="200") == 1
     assert total(api, "baton_http_request_duration_seconds_count", route=decided) == 1
     assert not any(sid in dict(ls).get("route", "") for (_, ls) in api)
+
+
+def test_every_review_outcome_its_opening_time_to_decision_and_the_balance_are_exported(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Four invoke reviews, allowed, denied, cancelled with their session and left to time
+    out, each count once in baton_reviews_opened_total{operation} and
+    baton_reviews_total{outcome}, and baton_review_decision_seconds{outcome} holds each
+    one's stored seconds from opening to outcome in Baton's buckets; the API's /metrics
+    serves baton_balance_usd as GET /v1/balance reads it, and none while it is unlimited."""
+    db_file = tmp_path / "r.db"
+    bind, quick_bind = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    prices = {"scripted": (1000.0, 2000.0)}
+    # The review left to time out runs on a second API + worker (same database) with a 4 s
+    # review timeout, so no decision on the first one races a timer.
+    with (
+        running_stack(temporal_env, db_file, metrics_bind=bind, prices=prices) as st,
+        running_stack(
+            temporal_env, db_file, metrics_bind=quick_bind, prices=prices, review_timeout=4.0
+        ) as quick,
+    ):
+        http = st.http
+        assert total(samples(f"{st.url}/metrics"), "baton_balance_usd") == 0  # unlimited
+        assert http.put("/v1/balance", json={"balance": 50.0}).status_code == 200
+        before = samples(f"http://{bind}/metrics") | samples(f"http://{quick_bind}/metrics")
+        target(http)
+        agent(http, "caller", caller_playbook("invoke_agent", INVOKE_SYNC))
+        sids = [launch(http, "caller") for _ in range(3)]
+        by_session = {r["session_id"]: r["id"] for r in pending(http, 3)}
+        allowed, denied, cancelled = (by_session[sid] for sid in sids)
+        # Found once it has timed out: it may do so before a poll would see it pending.
+        timed_sid = launch(quick.http, "caller")
+        assert decide(http, allowed, "allow_once").status_code == 200
+        assert decide(http, denied, "deny").status_code == 200
+        assert http.post(f"/v1/sessions/{sids[2]}/cancel").status_code == 202
+        for sid, status in [(sids[0], "idle"), (sids[1], "idle"), (sids[2], "cancelled")]:
+            settled(http, sid, status)
+        settled(http, timed_sid)
+        (timed,) = http.get("/v1/reviews", params={"session_id": timed_sid}).json()["data"]
+        rows = {
+            outcome: http.get(f"/v1/reviews/{review_id}").json()
+            for outcome, review_id in [
+                ("allowed", allowed),
+                ("denied", denied),
+                ("cancelled", cancelled),
+                ("timed_out", timed["id"]),
+            ]
+        }
+        after = samples(f"http://{bind}/metrics") | samples(f"http://{quick_bind}/metrics")
+        api, quick_api = samples(f"{st.url}/metrics"), samples(f"{quick.url}/metrics")
+        balance = http.get("/v1/balance").json()["balance"]
+
+    def moved(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert [row["status"] for row in rows.values()] == list(rows)
+    assert moved("baton_reviews_opened_total", operation="invoke") == 4
+    assert moved("baton_reviews_opened_total") == 4
+    assert moved("baton_reviews_total") == 4
+    buckets = {float(b) for b in telemetry.REVIEW_DECISION_BUCKETS_S} | {float("inf")}
+    for outcome, row in rows.items():
+        assert moved("baton_reviews_total", outcome=outcome) == 1, outcome
+        assert moved("baton_review_decision_seconds_count", outcome=outcome) == 1, outcome
+        stored = (
+            datetime.fromisoformat(row["decided_at"]) - datetime.fromisoformat(row["created_at"])
+        ).total_seconds()
+        seconds = moved("baton_review_decision_seconds_sum", outcome=outcome)
+        assert seconds == pytest.approx(stored, abs=1e-3), outcome
+        les = {
+            float(dict(labels)["le"])
+            for (name, labels) in after
+            if name == "baton_review_decision_seconds_bucket" and dict(labels)["outcome"] == outcome
+        }
+        assert les == buckets, outcome
+    # The timer, not a person, ended the last one, once its deadline had passed.
+    timed_out = rows["timed_out"]
+    assert timed_out["decided_by"] == "timeout"
+    assert datetime.fromisoformat(timed_out["decided_at"]) >= datetime.fromisoformat(
+        timed_out["expires_at"]
+    )
+    # The balance: one value for the organisation, the same on every API replica.
+    assert 0 < balance < 50.0
+    assert total(api, "baton_balance_usd") == total(quick_api, "baton_balance_usd") == balance
+    assert [ls for (n, ls) in api if n == "baton_balance_usd"] == [frozenset()]
+
+
+def test_a_count_waits_for_its_commit_and_a_rollback_drops_it(tmp_path: Path) -> None:
+    """telemetry.at_commit runs a count once, after the transaction commits; a rolled-back
+    transaction's counts never run, so an activity retried after a failed commit counts
+    its event once."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    init_db(engine)
+    counted: list[str] = []
+    with pytest.raises(RuntimeError), session_scope(engine) as s:
+        telemetry.at_commit(s, partial(counted.append, "rolled back"))
+        raise RuntimeError("the commit never comes")
+    with session_scope(engine) as s:
+        telemetry.at_commit(s, partial(counted.append, "committed"))
+        assert counted == []
+    assert counted == ["committed"]
+    with session_scope(engine):
+        pass
+    assert counted == ["committed"]
+    engine.dispose()
 
 
 def test_api_metrics_count_refusals_and_unmatched_paths(

@@ -1,4 +1,4 @@
-"""Alembic migrations (issue 11): models and revisions agree, upgrades keep data, a
+"""Alembic migrations: models and revisions agree, upgrades keep data, a
 ``create_all`` database is adopted, and ``baton api`` / ``baton worker`` refuse a
 database behind the code."""
 
@@ -8,7 +8,6 @@ import asyncio
 import fnmatch
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -33,8 +32,9 @@ from baton.settings import get_settings
 from baton.storage import migrate
 from baton.storage.db import Agent, MessageRow, SessionRow, init_db, make_engine, session_scope
 from cli import app
+from tests.helpers import READY_TIMEOUT_S
 from tests.test_fault import worker_env
-from worker.stack import free_port
+from worker.stack import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 BATON = [sys.executable, "-m", "cli"]
@@ -242,8 +242,9 @@ def test_migrations_ship_as_package_data() -> None:
 
 
 def baton(
-    db_url: str, *args: str, cwd: Path = ROOT, timeout: float = 60
+    db_url: str, *args: str, cwd: Path = ROOT, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
+    """``baton ARGS`` on ``db_url`` as a real process; ``timeout`` only stops a hang."""
     env = {**os.environ, "BATON_DATABASE_URL": db_url, "COLUMNS": "200"}
     return subprocess.run(
         [*BATON, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
@@ -303,11 +304,14 @@ def unmigrated(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("command", ["api", "worker"])
+# One real process per revision behind the head (16 now), each a few seconds to start on
+# a loaded machine: more than the suite's default 180 s.
+@pytest.mark.timeout(900)
 def test_api_and_worker_refuse_a_database_behind_the_code(command: str, tmp_path: Path) -> None:
     """`baton api` / `baton worker` on a database behind the code: one line, the fix, exit 1."""
     for label, url in unmigrated(tmp_path):
         args = ["api", "--port", str(free_port())] if command == "api" else ["worker"]
-        out = baton(url, *args, timeout=30)
+        out = baton(url, *args)
         assert out.returncode == 1, (label, out.stdout, out.stderr)
         assert "[schema_out_of_date]" in out.stderr, label
         assert "run 'baton db upgrade'" in out.stderr, label
@@ -315,7 +319,8 @@ def test_api_and_worker_refuse_a_database_behind_the_code(command: str, tmp_path
         assert len(out.stderr.strip().splitlines()) == 1, (label, out.stderr)
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 30) -> None:
+def wait_until(check: Callable[[], bool], timeout: float = READY_TIMEOUT_S) -> None:
+    """Poll ``check`` every 0.1 s until true; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -352,8 +357,7 @@ def test_api_starts_on_a_migrated_database(
     try:
         wait_until(healthy)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=15)
+        stop_process(proc, timeout=60)
 
 
 async def test_worker_starts_on_a_migrated_database(
@@ -373,7 +377,7 @@ async def test_worker_starts_on_a_migrated_database(
         task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
     )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
             described = await temporal_env.client.workflow_service.describe_task_queue(request)
@@ -382,5 +386,4 @@ async def test_worker_starts_on_a_migrated_database(
             assert time.monotonic() < deadline, "the worker never polled"
             await asyncio.sleep(0.2)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_process(proc, timeout=60)

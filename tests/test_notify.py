@@ -1,4 +1,4 @@
-"""The event notifier (issue 14): SSE followers wake when their session's events commit, in
+"""The event notifier: SSE followers wake when their session's events commit, in
 this process or another (PostgreSQL LISTEN/NOTIFY, SQLite's one shared poller), and idle
 followers cost no query each."""
 
@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from baton.contracts import Provenance
+from baton.contracts.workflow_io import Provenance
 from baton.runs import session_store as sessions
 from baton.settings import Settings
 from baton.storage.db import make_engine, session_scope
@@ -96,8 +96,10 @@ async def test_a_commit_in_this_process_wakes_at_once(engine: Engine) -> None:
             assert not await woken.wait(timeout=0.3)
             t = time.monotonic()
             await asyncio.to_thread(_append, engine, sid)
-            assert await woken.wait(timeout=5)
-            assert time.monotonic() - t < 2
+            assert await woken.wait(timeout=30)
+            # Well inside the 60 s poll period: the commit woke it, not a poll (a margin
+            # a loaded machine cannot use up).
+            assert time.monotonic() - t < 30
     finally:
         await notifier.close()
 

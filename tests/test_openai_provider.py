@@ -14,7 +14,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton.agents.tools import TOOLS
-from baton.contracts import XAGENT_TOOLS
+from baton.contracts.values import XAGENT_TOOLS
+from baton.contracts.workspaces import WORKSPACE_TOOLS
 from baton.errors import TurnFailed
 from baton.runs import session_store
 from baton.storage.db import session_scope
@@ -109,9 +110,10 @@ async def test_tool_round_trip_through_the_provider(
     for request in stub.requests:
         assert request["stream"] is True
         assert request["stream_options"]["include_usage"] is True
-        # The agent's own tool, then the five X-Agent tools every agent is offered.
+        # The agent's own tool, then the five X-Agent tools, the four workspace tools and
+        # present_exhibit every session's agent is offered.
         names = [t["function"]["name"] for t in request["tools"]]
-        assert names == ["calculator", *XAGENT_TOOLS]
+        assert names == ["calculator", *XAGENT_TOOLS, *WORKSPACE_TOOLS, "present_exhibit"]
         tool = request["tools"][0]
         assert tool["type"] == "function"
         assert tool["function"]["name"] == "calculator"

@@ -1,5 +1,4 @@
-"""Results that would fail the same way on every retry are bounded before they are returned
-(issue 10, item 8).
+"""Results that would fail the same way on every retry are bounded before they are returned.
 
 A scripted reply whose ``{last_message}`` fills blew its tool arguments past Temporal's
 payload limit failed ``model_turn`` with ``TMPRL1103`` six times (~32 s); a deliverable
@@ -14,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import string
-import time
 import uuid
 from typing import Any
 
@@ -30,7 +28,9 @@ from temporalio.worker import Worker
 
 from activities.steps import RESULT_HEADROOM, parse_deliverable
 from activities.turns import MAX_CALLS_BYTES, UNPARSED, fit_tool_calls
-from baton.contracts import DeliverableResult, StepInput, StepRetry, ToolCall
+from baton.contracts.activity_io import DeliverableResult
+from baton.contracts.values import ToolCall
+from baton.contracts.workflow_io import StepInput, StepRetry
 from baton.payloads import MAX_PAYLOAD_DEPTH, MAX_RESULT_BYTES, ensure_fits, json_bytes
 from baton.providers.models import MAX_ARG_FILL_CHARS, fill, scripted_model
 from baton.runs.launch import launch_step
@@ -135,12 +135,10 @@ async def test_fills_past_the_payload_limit_end_in_one_attempt_not_retries(
             {"tool_calls": [{"tool": "word_count", "args": {"text": THOUSAND_FILLS}}] * 16},
         ],
     )
-    started = time.monotonic()
     # Incompressible text: gRPC compression must not hide the size from the server.
     prompt = "".join(random.Random(7).choices(string.ascii_letters, k=2000))
     launched = await launch(temporal_env.client, db_engine, worker, "filler", prompt)
     assert launched.response == "counted"
-    assert time.monotonic() - started < 20
     history = await temporal_env.client.get_workflow_handle(launched.session_id).fetch_history()
     attempts = [
         e.activity_task_started_event_attributes.attempt

@@ -1,4 +1,4 @@
-"""Every path by which one agent makes another run obeys one decision (issue 10, items 1-2).
+"""Every path by which one agent makes another run obeys one decision.
 
 The paths: invoke_agent, delegate_to from the roster, delegate_to from a team lead, a team
 route, an @mention and a subagent ``task``. For each, a stored ``invoke: block`` from the

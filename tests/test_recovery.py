@@ -1,4 +1,4 @@
-"""Recovery after a worker loss (issue 10, item 10): timeouts are settings carried in
+"""Recovery after a worker loss: timeouts are settings carried in
 SessionConfig, tools heartbeat, and a model call's provider failures are counted apart
 from worker losses. The SIGKILL test on a real ``baton worker`` is in test_fault.py."""
 
@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 
 from activities.outcomes import heartbeating_thread
 from activities.turns import MODEL_PROVIDER_FAILED, SessionActivities, provider_failures
-from baton.contracts import LoadAgentInput
+from baton.contracts.activity_io import LoadAgentInput
 from baton.errors import TurnFailed
 from baton.settings import Settings
 from tests.helpers import TEST_CONFIG, launch, publish
@@ -63,7 +63,7 @@ async def test_activities_are_scheduled_with_the_sessions_timeouts(
 ) -> None:
     """A tool call (run_tool) is scheduled with a heartbeat timeout, model calls with the
     attempt budget, all from the session's config; no load_agent runs at all, neither
-    scheduled nor local (the launch's agent snapshot is in the input: issue 14)."""
+    scheduled nor local (the launch's agent snapshot is in the input)."""
     publish(
         db_engine,
         "calc",

@@ -1,4 +1,4 @@
-"""User regular expressions cannot stall or bloat the process (issue 10, item 7).
+"""User regular expressions cannot stall or bloat the process.
 
 (a) A step's JSON Schema ``pattern`` / ``patternProperties`` run on the `regex` module with
 a time limit, never on Python's ``re`` (which holds the GIL: ``^(a+)+$`` on 28 ``a`` and
@@ -26,7 +26,7 @@ from baton.agents.spec import PlaybookRule, compile_pattern
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, agent, poll, running_stack
 
-#: The bypass reported in the issue: an escaped backslash, then counted repeats (3,000,000).
+#: A known bypass of a naive size check: an escaped backslash, then counted repeats (3,000,000).
 ESCAPED_BYPASS = r"((\\{1000}){1000}){3}"
 #: Backtracks past any time limit even on the `regex` module.
 EXPONENTIAL = r"^(a|aa)+$"
@@ -85,13 +85,15 @@ def test_escaped_braces_are_literal_and_not_counted() -> None:
     assert compile_pattern(r"\{1000}").search("x{1000}") is not None
 
 
-def test_the_reported_bypass_is_refused_fast_without_growing_the_api(api: httpx.Client) -> None:
-    """Saving the issue's escaped-brace pattern is a 422 at once and the API does not grow."""
+def test_the_brace_bypass_is_refused_fast_without_growing_the_api(api: httpx.Client) -> None:
+    """Saving the escaped-brace bypass pattern is a 422 at once and the API does not grow."""
     before = rss_mb()
-    started = time.monotonic()
+    # CPU time of this process (the API serves in a thread of it): what an expansion
+    # would burn, and what another process's load on the machine does not inflate.
+    started = time.process_time()
     spec = {"playbook": [{"when": ESCAPED_BYPASS, "reply": "r"}]}
     resp = api.post("/v1/agents", json={"slug": "bypass", "name": "B", "spec": spec})
-    elapsed = time.monotonic() - started
+    elapsed = time.process_time() - started
     body = assert_problem(resp, 422, "validation_error")
     assert "expands to 3000000" in body["detail"]
     assert elapsed < 2, f"the refusal took {elapsed:.1f} s"
@@ -114,11 +116,11 @@ def test_the_compiled_pattern_cache_is_bounded_by_size() -> None:
 
 
 def test_a_backtracking_schema_pattern_is_checked_fast() -> None:
-    """The issue's ``^(a+)+$`` on 28 ``a`` and ``!`` is a plain mismatch within a second."""
+    """The classic ``^(a+)+$`` on 28 ``a`` and ``!`` is a plain mismatch within a second."""
     schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": "^(a+)+$"}}}
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: immune to the machine's other load
     result = parse_deliverable('{"v": "' + "a" * 28 + '!"}', schema)
-    assert time.monotonic() - started < 1
+    assert time.process_time() - started < 1
     assert not result.ok and "does not match" in result.errors[0]
 
 
@@ -134,9 +136,9 @@ def test_a_backtracking_schema_pattern_is_checked_fast() -> None:
 def test_a_pattern_that_runs_out_of_time_is_a_validation_error(schema: dict[str, Any]) -> None:
     """A pattern still backtracking at its time limit is an error fed back, not a stall."""
     text = "a" * 40 + "!"
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: immune to the machine's other load
     result = parse_deliverable('{"v": "' + text + '", "' + text + '": "x"}', schema)
-    assert time.monotonic() - started < 5  # the budget is 1 s of pattern time per check
+    assert time.process_time() - started < 5  # the budget is 1 s of pattern time per check
     assert not result.ok
     assert any("in time" in e for e in result.errors), result.errors
 

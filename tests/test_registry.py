@@ -242,16 +242,18 @@ def test_tree_bounds_apply_at_draft_save_and_publish(session: Session) -> None:
         )
 
 
-def test_rollback_is_validated_against_todays_registry(session: Session) -> None:
-    """Rolling back to a revision that now closes an extends cycle is refused."""
+def test_rollback_resolves_through_the_revisions_own_pins(session: Session) -> None:
+    """Rolling back to a revision extending b uses its pin b@1, so b extending a since then
+    closes no cycle; the rolled-back revision means what it meant."""
     put(session, "b", system_prompt="b")
     put(session, "a", extends="b")
     put(session, "a", system_prompt="standalone")
     put(session, "b", extends="a")
-    with pytest.raises(InheritanceCycle):
-        registry.rollback(session, slug="a", version=1)
-    session.rollback()
-    assert live(session, "a") == 2
+    registry.rollback(session, slug="a", version=1)
+    session.commit()
+    assert live(session, "a") == 1
+    assert registry.resolve_agent(session, ref="a").inheritance == ["a@1", "b@1"]
+    assert registry.resolve_agent(session, ref="b").inheritance == ["b@2", "a@2"]
 
 
 def test_referenced_agents_cannot_be_retired_or_deleted(session: Session) -> None:
@@ -314,24 +316,31 @@ def all_live_resolve(engine_session: Session) -> list[str]:
     return broken
 
 
-def test_a_base_change_that_breaks_a_live_dependent_is_refused(session: Session) -> None:
-    """Publishing a base whose new nodes clash with a live derived agent's is refused, naming it."""
+def test_a_base_change_cannot_break_a_pinned_dependent(session: Session) -> None:
+    """A base whose new nodes clash with a derived agent's publishes: the derived agent keeps
+    its pinned base; rebasing it onto the new base is refused (duplicate alias)."""
     put(session, "leaf", system_prompt="leaf")
     put(session, "ia", system_prompt="base")
     put(session, "ib", extends="ia", subagents=[{"alias": "x", "agent": "leaf"}])
-    with pytest.raises(DuplicateAlias) as info:
-        put(session, "ia", subagents=[{"alias": "x", "agent": "leaf"}])
-    assert info.value.extra["dependent"] == "ib@1"
-    assert live(session, "ia") == 1 and all_live_resolve(session) == []
+    assert put(session, "ia", subagents=[{"alias": "x", "agent": "leaf"}]) == (2, True)
+    assert all_live_resolve(session) == []
+    assert registry.resolve_agent(session, ref="ib").inheritance == ["ib@1", "ia@1"]
+    with pytest.raises(DuplicateAlias):
+        registry.rebase(session, slug="ib")
+    session.rollback()
+    assert live(session, "ib") == 1
 
 
-def test_lengthening_a_chain_under_live_agents_is_refused(session: Session) -> None:
-    """A root that starts extending another agent cannot push a live chain past 32 links."""
+def test_lengthening_a_chain_under_live_agents_leaves_their_pins(session: Session) -> None:
+    """A root that starts extending another agent leaves a 32-link chain pinned as it was;
+    rebasing its last agent onto 33 links is refused."""
     chain(session, 32)
     put(session, "extra", system_prompt="x")
-    with pytest.raises(InheritanceTooDeep) as info:
-        put(session, "c0", extends="extra")
-    assert info.value.extra["dependent"] == "c32@1"
+    put(session, "c0", extends="extra")
+    assert len(registry.resolve_agent(session, ref="c32").inheritance) == 33
+    with pytest.raises(InheritanceTooDeep):
+        registry.rebase(session, slug="c32")
+    session.rollback()
 
 
 def test_closing_a_cycle_over_a_long_chain_is_a_cycle(session: Session) -> None:
@@ -398,7 +407,7 @@ def test_concurrent_writers_never_leave_a_broken_live_graph(engine: Engine) -> N
 
 def test_closed_session_status_is_terminal(session: Session) -> None:
     """Once cancelled (or failed), a late status write cannot reopen a session."""
-    from baton.contracts import Provenance
+    from baton.contracts.workflow_io import Provenance
     from baton.runs import session_store as store
 
     put(session, "a", system_prompt="x")
@@ -412,7 +421,7 @@ def test_closed_session_status_is_terminal(session: Session) -> None:
 
 def test_closed_check_holds_off_a_concurrent_cancel(engine: Engine) -> None:
     """A writer that saw the session open commits its event before a racing cancel's status."""
-    from baton.contracts import Provenance
+    from baton.contracts.workflow_io import Provenance
     from baton.runs import session_store as store
     from baton.storage.db import session_scope
 
@@ -446,7 +455,7 @@ def test_closed_check_holds_off_a_concurrent_cancel(engine: Engine) -> None:
 
 def test_event_stream_never_skips_a_late_commit(engine: Engine) -> None:
     """A reader paging by event id sees an event whose transaction began first, committed last."""
-    from baton.contracts import Provenance
+    from baton.contracts.workflow_io import Provenance
     from baton.runs import session_store as store
     from baton.storage.db import session_scope
 
@@ -514,7 +523,7 @@ def edge(s: Session, delegation_id: str, *, parent: str, child: str) -> None:
 
 def test_a_forward_never_lands_after_the_roots_cancel(engine: Engine) -> None:
     """A forwarded event racing its root's cancel is written before the cancel or not at all."""
-    from baton.contracts import Provenance
+    from baton.contracts.workflow_io import Provenance
     from baton.runs import run_tree
     from baton.runs import session_store as store
     from baton.storage.db import session_scope
@@ -571,7 +580,7 @@ def test_cancel_records_every_open_delegation_under_the_session(engine: Engine) 
 
 def test_a_rolled_back_savepoint_drops_only_its_own_events(engine: Engine) -> None:
     """Events of a rolled-back savepoint are not written; the enclosing transaction's are."""
-    from baton.contracts import Provenance
+    from baton.contracts.workflow_io import Provenance
     from baton.runs import session_store as store
 
     with session_scope(engine) as s:

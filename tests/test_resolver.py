@@ -9,7 +9,7 @@ import pytest
 
 from baton.agents.layers import LoadedRevision, Resolver
 from baton.agents.spec import AgentSpec, spec_digest
-from baton.contracts import ResolvedAgent
+from baton.contracts.values import ResolvedAgent
 from baton.errors import AgentNotFound, DuplicateAlias, InheritanceCycle, UnknownAgent
 
 

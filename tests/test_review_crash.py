@@ -1,5 +1,5 @@
-"""A worker killed between `authorize` committing a review and Temporal recording it
-(issue 10, item 9): the retried activity returns the review it already opened, even
+"""A worker killed between `authorize` committing a review and Temporal recording it:
+the retried activity returns the review it already opened, even
 though the policy changed meanwhile, so no review is left pending with nobody waiting."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlmodel import select
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from baton.contracts import Provenance, ReviewDecision, SessionConfig
+from baton.contracts.workflow_io import Provenance, ReviewDecision, SessionConfig
 from baton.runs import session_store
 from baton.runs.launch import launch_session
 from baton.storage.db import AuditRow, MessageRow, ReviewRow, SessionRow, session_scope
@@ -109,7 +109,7 @@ async def test_a_worker_killed_after_a_reviewed_list_ran_records_it_once(
     temporal_env: WorkflowEnvironment, engine: Engine, tmp_path: Path
 ) -> None:
     """SIGKILL right after the local settle_review settled an allowed list_agents and ran
-    it (issue 14), before its workflow task completed: the next worker re-runs the local
+    it, before its workflow task completed: the next worker re-runs the local
     activity on replay and the session ends with one audit row, one tool result and the
     list in the reply; no xagent_tool activity is scheduled. On SQLite and PostgreSQL."""
     db_url = engine.url.render_as_string(hide_password=False)

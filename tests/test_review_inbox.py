@@ -1,6 +1,6 @@
 """The review inbox query (``GET /v1/reviews?status=pending``, newest first) reads its page
-off the ``(status, created_at)`` index instead of sorting every pending review (issue 14,
-bench/held.py: 1,000 reviews pending)."""
+off the ``(status, created_at)`` index instead of sorting every pending review
+(bench/held.py keeps 1,000 reviews pending)."""
 
 from __future__ import annotations
 

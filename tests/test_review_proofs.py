@@ -1,4 +1,4 @@
-"""Proven review decisions and late decisions (issue 10, items 5 and 9; Gamut X-Agent Policies).
+"""Proven review decisions and late decisions (Gamut X-Agent Policies).
 
 The API and the worker sign every decision they send (HMAC-SHA256 keyed with
 BATON_REVIEW_SECRET); ``settle_review`` records an unproven one, such as a raw
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import subprocess
 import sys
 import uuid
@@ -25,7 +26,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton.contracts import (
+from baton.contracts.workflow_io import (
     MAX_LATE_DECISIONS,
     MAX_SETTLED_REVIEWS,
     Provenance,
@@ -36,7 +37,13 @@ from baton.contracts import (
 from baton.errors import InvalidSettings
 from baton.permissions import reviews
 from baton.runs import session_store
-from baton.settings import DEV_REVIEW_KEY, MIN_REVIEW_SECRET, Settings
+from baton.settings import (
+    DEV_REVIEW_KEY,
+    MIN_REVIEW_SECRET,
+    MIN_REVIEW_SECRET_BITS,
+    Settings,
+    secret_entropy_bits,
+)
 from baton.storage.db import session_scope
 from tests.conftest import venv_bin
 from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
@@ -164,13 +171,59 @@ def test_the_review_secret_is_required_in_auth_mode_and_32_characters_long(
     with pytest.raises(InvalidSettings, match="BATON_REVIEW_SECRET is required"):
         Settings(_env_file=None, auth="on").review_key()
     assert Settings(_env_file=None).review_key() == DEV_REVIEW_KEY
-    short, ok = "s" * (MIN_REVIEW_SECRET - 1), "s" * MIN_REVIEW_SECRET
+    ok = secrets.token_urlsafe(24)  # 32 random characters
+    short = ok[: MIN_REVIEW_SECRET - 1]
+    assert len(ok) == MIN_REVIEW_SECRET
     for auth in ("off", "on"):
-        with pytest.raises(InvalidSettings, match="at least 32 characters") as refused:
-            Settings(_env_file=None, auth=auth, review_secret=short).review_key()
+        with pytest.raises(ValidationError, match="at least 32 characters") as refused:
+            Settings(_env_file=None, auth=auth, review_secret=short)
         assert short not in str(refused.value)
         assert Settings(_env_file=None, auth=auth, review_secret=ok).review_key() == ok.encode()
     assert ok not in repr(Settings(_env_file=None, review_secret=ok))
+
+
+def test_a_review_secret_without_entropy_is_refused() -> None:
+    """32 spaces, one character repeated (64 times) or a 32-character two-letter cycle are
+    refused; the bound is 64 bits: four characters eight times each (exactly 64) pass, one more of
+    one and one fewer of another (63.8) is refused; the message never holds the secret."""
+    for weak in (" " * 32, "s" * 64, "ab" * 16):
+        with pytest.raises(ValidationError, match="bits of entropy") as refused:
+            Settings(_env_file=None, review_secret=weak)
+        assert weak not in str(refused.value)
+    at_bound = "abcd" * 8
+    assert secret_entropy_bits(at_bound) == MIN_REVIEW_SECRET_BITS
+    assert Settings(_env_file=None, review_secret=at_bound).review_key() == at_bound.encode()
+    past = "a" * 9 + "b" * 7 + "c" * 8 + "d" * 8
+    assert MIN_REVIEW_SECRET_BITS - 1 < secret_entropy_bits(past) < MIN_REVIEW_SECRET_BITS
+    with pytest.raises(ValidationError, match="bits of entropy"):
+        Settings(_env_file=None, review_secret=past)
+    for generated in (secrets.token_hex(16), secrets.token_urlsafe(32)):
+        assert Settings(_env_file=None, review_secret=generated).review_key()
+
+
+def test_baton_worker_names_a_blank_review_secret_in_one_line(tmp_path: Path) -> None:
+    """`baton worker` with BATON_REVIEW_SECRET of 32 spaces stops at start with exit 1 and
+    one line naming the setting (it used to accept the key and run)."""
+    env = {
+        "PATH": str(Path(sys.executable).parent),
+        "HOME": str(tmp_path),
+        "BATON_REVIEW_SECRET": " " * 32,
+        "BATON_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}",
+        "BATON_TEMPORAL_ADDRESS": "127.0.0.1:1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "worker"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error [invalid_settings]: BATON_REVIEW_SECRET: carries about 0")
 
 
 @pytest.mark.parametrize(
@@ -208,7 +261,7 @@ def test_api_and_worker_refuse_to_start_in_auth_mode_without_a_secret(
     assert "BATON_REVIEW_SECRET is required with BATON_AUTH=on" in done.stderr
 
 
-# --- auth mode, end to end: the forged signal of issue 10 -----------------------------------
+# --- auth mode, end to end: a forged signal carries no proof -----------------------------------
 
 
 @pytest.fixture
@@ -347,7 +400,7 @@ async def test_outside_auth_mode_an_unproven_always_allow_saves_its_policy_unver
     assert tool_result(transcript(db_engine, run.session_id)[-1][1])["response"] == "target says hi"
 
 
-# --- late decisions (item 9) ------------------------------------------------------------------
+# --- late decisions -------------------------------------------------------------------------
 
 
 async def test_a_decision_for_an_unknown_review_is_reported_unknown_review(

@@ -1,4 +1,4 @@
-"""Scale-out on one machine (issue 11, item 5): PostgreSQL, one Temporal dev server,
+"""Scale-out on one machine: PostgreSQL, one Temporal dev server,
 2 `baton api` and 3 `baton worker` processes sharing them.
 
 Sessions (each a tool call, a delegation and a policy-reviewed invoke_agent) are
@@ -32,7 +32,7 @@ from worker.stack import free_port
 
 BATON = str(Path(sys.executable).parent / "baton")
 
-#: Root sessions in the run (issue 11 asks for 100); override with BATON_SCALE_SESSIONS.
+#: Root sessions in the run (the scale-out target is 100); override with BATON_SCALE_SESSIONS.
 SESSIONS = int(os.environ.get("BATON_SCALE_SESSIONS", "100"))
 #: The whole run (launch → all settled) must fit in this many seconds.
 RUN_BUDGET_S = 420.0

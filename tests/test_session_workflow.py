@@ -157,7 +157,7 @@ async def test_cancel_marks_the_search_attribute_and_closes(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
     """A cancelled session shows BatonStatus=cancelled and refuses async messages too."""
-    from baton.contracts import SA_STATUS
+    from baton.contracts.search import SA_STATUS
     from baton.errors import SessionClosed
 
     publish(db_engine, "slow", playbook=[{"reply": "w " * 40, "chunk_delay_ms": 100}])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from baton.contracts import SessionConfig
+from baton.contracts.workflow_io import SessionConfig
 from baton.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -186,7 +186,7 @@ def test_catastrophic_pattern_times_out_as_no_match() -> None:
 
     from baton.agents.spec import pattern_matches
 
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: immune to the machine's other load
     assert pattern_matches("(a+)+$", "a" * 40 + "!") is False
-    assert time.monotonic() - started < 2
+    assert time.process_time() - started < 2
     assert pattern_matches("HELLO", "well hello there") is True

@@ -1,4 +1,4 @@
-"""Workflow-agent steps, usage metering and the balance ceiling (issue 6)."""
+"""Workflow-agent steps, usage metering and the balance ceiling."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton.contracts import HandoffDecision, SessionConfig, StepInput, StepRetry
+from baton.contracts.workflow_io import HandoffDecision, SessionConfig, StepInput, StepRetry
 from baton.errors import TurnFailed
 from baton.runs import metering
 from baton.runs.launch import launch_step

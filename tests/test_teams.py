@@ -11,7 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton.agents import roster, teams
-from baton.contracts import Provenance, SessionConfig
+from baton.contracts.workflow_io import Provenance, SessionConfig
 from baton.runs import run_tree, session_store
 from baton.runs.launch import Launched, launch_session
 from baton.storage.db import ChannelMemory, EventRow, session_scope

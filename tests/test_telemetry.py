@@ -1,4 +1,4 @@
-"""Tracing (issue 12, item 5): off by default, switched on by the standard ``OTEL_*``
+"""Tracing: off by default, switched on by the standard ``OTEL_*``
 variables, and one trace from an API request through the workflow and its activities
 to the model's HTTP call (real API + worker + dev server, an in-memory exporter)."""
 
@@ -185,13 +185,12 @@ async def test_old_histories_replay_with_tracing_on(spans: InMemorySpanExporter)
     from temporalio.worker import Interceptor, Replayer
 
     from tests.test_replay import HISTORIES
-    from workflows.session import SessionWorkflow
-    from workflows.step import AgentStepWorkflow
+    from worker.factory import WORKFLOWS
 
     (interceptor,) = telemetry.client_interceptors()
     assert isinstance(interceptor, Interceptor)
     replayer = Replayer(
-        workflows=[SessionWorkflow, AgentStepWorkflow],
+        workflows=WORKFLOWS,
         data_converter=pydantic_data_converter,
         interceptors=[interceptor],
     )

@@ -1,4 +1,4 @@
-"""The Temporal Web UI shows each run's tree and true state (issue 12, done-when):
+"""The Temporal Web UI shows each run's tree and true state (done-when):
 Playwright drives Debian's Chromium (never a browser download) against the UI that the
 Temporal dev server serves, started as `baton dev` starts it (:class:`worker.stack.DevServer`,
 with Baton's search attributes), with the real API + worker + SQLite file behind it.
@@ -30,8 +30,9 @@ from tests.test_console import browser as browser  # the fixture: one headless s
 from worker.stack import DevServer, ServicesThread, free_port
 
 # Each UI page takes seconds to render on a loaded machine; and the tests share one module
-# stack, so under `make test`'s xdist they stay on one process (one dev server, not two).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("temporal-ui")]
+# stack, so under `make test`'s xdist they stay on one process (one dev server, not two):
+# their group is in tests/xdist_groups.py.
+pytestmark = pytest.mark.slow
 
 NAMESPACE = "default"
 #: Page loads of the UI (a Svelte app reading the server through its own API) are slow on

@@ -1,4 +1,4 @@
-"""What an operator reads in Temporal about a run (issue 12, items 1, 3, 4), on the real dev
+"""What an operator reads in Temporal about a run, on the real dev
 server: search attributes (BatonRoot, BatonKind, a step's BatonStatus), the markdown user
 metadata that links a run's tree, a step's current details, previews first in activity
 results, failed steps as failed workflows, and the Temporal UI links of the trace.
@@ -25,7 +25,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton import temporal_ui
-from baton.contracts import (
+from baton.contracts.activity_io import ModelTurnResult, ToolOutcome
+from baton.contracts.search import (
     SA_AGENT,
     SA_KIND,
     SA_PARENT,
@@ -33,12 +34,8 @@ from baton.contracts import (
     SA_STATUS,
     SA_USER,
     SA_VERSION,
-    HandoffDecision,
-    ModelTurnResult,
-    StepRetry,
-    ToolOutcome,
-    TurnOutcome,
 )
+from baton.contracts.workflow_io import HandoffDecision, StepRetry, TurnOutcome
 from baton.runs import run_tree
 from baton.settings import Settings
 from baton.storage.db import session_scope

@@ -16,20 +16,18 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from baton.contracts import (
+from baton.contracts.activity_io import (
     LoadAgentInput,
     ModelTurnInput,
     ModelTurnResult,
-    ResolvedAgent,
     ResumePoint,
-    SessionConfig,
-    SessionInput,
     StatusChange,
     ToolInput,
     ToolOutcome,
     TurnFailure,
-    UserMessage,
 )
+from baton.contracts.values import ResolvedAgent
+from baton.contracts.workflow_io import SessionConfig, SessionInput, UserMessage
 from baton.settings import Settings
 from tests.helpers import skip_to_timer_offset
 from workflows.session import SessionWorkflow

@@ -1,4 +1,4 @@
-"""token_budget reserves what calls in flight may spend (issue 10, item 6; Xema Agent
+"""token_budget reserves what calls in flight may spend (Xema Agent
 Concepts limits).
 
 Storage-level rules on SQLite and PostgreSQL (admission at the edge, reservations

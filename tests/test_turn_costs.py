@@ -1,4 +1,4 @@
-"""What a turn no longer pays for (issue 14): a provider model built per call, and a
+"""What a turn no longer pays for: a provider model built per call, and a
 workflow module compiled per new run when Python writes no bytecode."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A turn's writes as prepared Core statements (issue 14): what ``_prepare``/``_persist`` and
+"""A turn's writes as prepared Core statements: what ``_prepare``/``_persist`` and
 the API write stays the same on SQLite and PostgreSQL — idempotent message ids and metering,
 counters, status rules and events, the stored reply read back, the history's tool calls."""
 
@@ -14,7 +14,9 @@ from sqlmodel import select
 from activities.turns import SessionActivities
 from baton.agents import registry
 from baton.agents.spec import AgentSpec
-from baton.contracts import LoadAgentInput, ModelTurnInput, Provenance, ToolCall, Usage, position
+from baton.contracts.activity_io import LoadAgentInput, ModelTurnInput
+from baton.contracts.values import ToolCall, Usage, position
+from baton.contracts.workflow_io import Provenance
 from baton.errors import SessionNotFound
 from baton.runs import metering, run_tree
 from baton.runs import session_store as sessions
@@ -234,7 +236,7 @@ def test_a_balance_loaded_before_a_charge_reads_the_charged_amount(engine: Engin
             cost_usd=0.5,
         )
         assert metering.get_balance(s) == pytest.approx(1.5)
-        assert metering.exhausted(s) is False
+        assert metering.admit_call(s) == pytest.approx(1.5)
 
 
 def test_metering_settles_the_reservation_once(engine: Engine) -> None:

@@ -11,7 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton.agents import registry
-from baton.contracts import SA_INVOKED_BY, SA_PARENT, SA_USER
+from baton.contracts.search import SA_INVOKED_BY, SA_PARENT, SA_USER
 from baton.runs import session_store
 from baton.storage.db import session_scope
 from tests.conftest import venv_bin
@@ -79,7 +79,7 @@ async def test_decision_sent_with_the_temporal_cli_binary(
     temporal_env: WorkflowEnvironment, db_engine: Engine, worker: Worker
 ) -> None:
     """`temporal workflow signal --name review_decision` decides a review (recorded as
-    unverified: a raw Signal carries no proof, issue 10 item 5)."""
+    unverified: a raw Signal carries no proof)."""
     setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
     launched = await launch(temporal_env.client, db_engine, worker, "caller", "go", sync=False)
     (review,) = await open_reviews(temporal_env.client, db_engine, launched.session_id)

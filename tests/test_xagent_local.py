@@ -1,4 +1,4 @@
-"""List and read X-Agent calls run as local activities (issue 14): after a review inside
+"""List and read X-Agent calls run as local activities: after a review inside
 ``settle_review``, in the workflow task that received the decision; allowed by a policy,
 as a local ``xagent_tool``. Still durable and exactly-once: a retried attempt records
 no second audit row and no second tool result. On the dev server, SQLite and PostgreSQL.
@@ -26,7 +26,7 @@ from temporalio.worker import (
     Worker,
 )
 
-from baton.contracts import (
+from baton.contracts.tool_args import (
     GetAgentSessionsArgs,
     GetTranscriptArgs,
     InvokeAgentArgs,
@@ -44,7 +44,7 @@ from tests.xagent_helpers import (
     tool_result,
 )
 from worker.factory import build_worker
-from workflows.reviews import is_short_read
+from workflows.xagent import is_short_read
 
 SESSION = "session-00000000-0000-4000-8000-000000000001"
 #: Start-to-close of the local activities in the retry test (seconds; see the sleep there).

@@ -27,7 +27,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.xagent import XAgentActivities
 from baton.agents import registry
-from baton.contracts import OPERATION_OF, AuthorizeInput, AuthorizeResult, position
+from baton.contracts.activity_io import AuthorizeInput, AuthorizeResult
+from baton.contracts.values import OPERATION_OF, position
 from baton.errors import AgentNotFound
 from baton.grants import policies
 from baton.runs import session_store

@@ -20,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from baton.agents import registry
-from baton.contracts import Provenance, SessionConfig, SessionInput, UserMessage
+from baton.contracts.workflow_io import Provenance, SessionConfig, SessionInput, UserMessage
 from baton.runs import session_store
 from baton.settings import Settings
 from baton.storage.db import session_scope

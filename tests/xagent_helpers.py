@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio.client import Client
 
-from baton.contracts import Provenance, ReviewDecision
+from baton.contracts.workflow_io import Provenance, ReviewDecision
 from baton.grants import policies
 from baton.permissions import reviews as reviews_api
 from baton.runs import session_store

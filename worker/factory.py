@@ -6,16 +6,21 @@ from __future__ import annotations
 import asyncio
 import importlib.abc
 import importlib.machinery
+import inspect
+import logging
+import logging.handlers
 import os
+import queue
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import Any, ClassVar
 
 from sqlalchemy.engine import Engine
+from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
@@ -31,33 +36,68 @@ from temporalio.worker import Interceptor, Worker, WorkerDeploymentConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.delegate import DelegationActivities
+from activities.evals import EvalActivities
 from activities.external import ExternalActivities
 from activities.inquiry import InquiryActivities
 from activities.mcp_tools import McpToolActivities
 from activities.steps import StepActivities
 from activities.turns import SessionActivities
+from activities.webhooks import WebhookActivities
+from activities.workspaces import WorkspaceActivities
 from activities.xagent import XAgentActivities
 from baton import telemetry
-from baton.contracts import SEARCH_ATTRIBUTES
+from baton.contracts.search import SEARCH_ATTRIBUTES
+from baton.contracts.values import DeliveryConfig, ExhibitLimits
 from baton.errors import EngineUnavailable, InvalidSettings
-from baton.settings import DEFAULT_CONTEXT_MESSAGES, DEV_REVIEW_KEY, Settings
+from baton.outbound import OPEN, OutboundPolicy
+from baton.settings import (
+    DEFAULT_CONTEXT_MESSAGES,
+    DEFAULT_STICKY_TIMEOUT_S,
+    DEV_REVIEW_KEY,
+    Settings,
+)
+from baton.workspaces.store import WorkspaceStore
+from workflows.evals import EvalWorkflow
 from workflows.inquiry import InquiryWorkflow
 from workflows.session import SessionWorkflow
 from workflows.step import AgentStepWorkflow
+from workflows.webhooks import WebhookDeliveryWorkflow
 
-#: Modules the workflow sandbox imports once instead of per run. Each is pure
-#: (no I/O at import) and only its pure parts run inside workflow code:
+#: Modules the workflow sandbox imports once per process instead of once per run, each
+#: for its reason. Every other module a workflow imports (``workflows.*`` above all) is
+#: imported afresh in each run's sandbox, under its restrictions.
 PASSTHROUGH = (
-    "baton",  # contracts, spec and errors: pydantic models crossing the boundary
-    "activities",  # referenced for activity method names/types, never executed in workflows
-    "pydantic_ai",  # imported by activities; heavy, not used by workflow code
-    "sqlalchemy",  # imported by activities/baton.db; not used by workflow code
+    # The shapes that cross the Temporal boundary: the pydantic data converter decodes
+    # payloads outside the sandbox, so workflow code must see those very classes.
+    "baton.contracts",
+    # The cross-agent guard (pure): workflow code runs it before it schedules anything.
+    "baton.permissions.guard",
+    # Pure functions workflow code calls: the step's markdown for the Temporal UI, and the
+    # handoff rule the step workflow shares with the API.
+    "baton.temporal_ui",
+    "baton.runs.handoff",
+    # The activity classes: workflow code names their methods (type and argument types)
+    # and never runs them. Importing them imports the DB, model and MCP stacks below.
+    "activities",
+    # What the activities import (the model stack, the DB stack, the spec's safe regexes
+    # and the deliverables' JSON Schema checks): heavy, never called from workflow code,
+    # and named here as well so that no run's sandbox imports them afresh.
+    "pydantic_ai",
+    "sqlalchemy",
     "sqlmodel",
     "regex",
     "jsonschema",
+    # The workspace store's filesystem layer (local files, S3), likewise.
+    "fsspec",
 )
 
-WORKFLOWS = [SessionWorkflow, AgentStepWorkflow, InquiryWorkflow]
+WORKFLOWS = [
+    SessionWorkflow,
+    AgentStepWorkflow,
+    InquiryWorkflow,
+    WebhookDeliveryWorkflow,
+    EvalWorkflow,
+]
 
 
 class _CompiledOnceLoader(importlib.machinery.SourceFileLoader):
@@ -82,8 +122,8 @@ class WorkflowCodeCache(importlib.abc.MetaPathFinder):
     The workflow sandbox imports a workflow's module afresh for every new run (its module
     state must not leak between runs). Without ``.pyc`` files (``PYTHONDONTWRITEBYTECODE``,
     an editable install) that import compiles the source each time: ~15 ms of CPU for
-    ``workflows/session.py``, 70 % of a new session's sandbox set-up (bench/README.md,
-    issue 14). Code objects are immutable, so sharing one across runs is what loading a
+    the session workflow's modules, 70 % of a new session's sandbox set-up
+    (bench/README.md). Code objects are immutable, so sharing one across runs is what loading a
     ``.pyc`` does; each run still executes it in a fresh module.
     """
 
@@ -108,45 +148,108 @@ def install_workflow_code_cache() -> None:
         sys.meta_path.insert(0, WorkflowCodeCache(["workflows"]))
 
 
+#: The logger tree of the Temporal SDK: ``temporalio.workflow`` (``workflow.logger``) and
+#: the SDK's own workflow-instance logger write from workflow code, inside the sandbox.
+SDK_LOGGER = "temporalio"
+
+
+class _ToRoot(logging.Handler):
+    """Hands a record taken off the queue to the root logger's handlers (on the listener
+    thread, outside any workflow sandbox), as propagation would have."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger().handle(record)
+
+
+_sdk_log_listener: logging.handlers.QueueListener | None = None
+
+
+def route_sdk_logs_off_the_sandbox() -> None:
+    """Make the SDK's log records (workflow code's among them) reach the root handlers
+    from a thread of their own, once per process.
+
+    Workflow code runs in the sandbox on the workflow task's thread: a handler called
+    there runs there too, and a handler that imports lazily (Rich's, installed on the root
+    logger by a library when the API is mounted in the same process, as in `baton dev`)
+    fails inside the sandbox, failing the workflow task on every retry, or holds its lock
+    when the deadlock detector gives up on the thread, hanging every other logger. A
+    :class:`logging.handlers.QueueHandler` only formats the message and puts it on a
+    queue; the listener thread calls the real handlers. ``propagate`` is off so no root
+    handler is called on the workflow's thread as well.
+    """
+    global _sdk_log_listener
+    if _sdk_log_listener is not None:
+        return
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    sdk = logging.getLogger(SDK_LOGGER)
+    sdk.addHandler(logging.handlers.QueueHandler(records))
+    sdk.propagate = False
+    _sdk_log_listener = logging.handlers.QueueListener(records, _ToRoot())
+    _sdk_log_listener.start()
+
+
 def activities_for(
     engine: Engine,
     client: Client,
     *,
     review_key: bytes = DEV_REVIEW_KEY,
     context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
+    outbound: OutboundPolicy = OPEN,
+    webhooks: DeliveryConfig | None = None,
+    exhibit_limits: ExhibitLimits | None = None,
+    workspaces: WorkspaceStore | None = None,
 ) -> list[Callable[..., Any]]:
     """The activity callables bound to ``engine`` (and ``client``, for delegations);
     ``review_key`` (Settings.review_key) verifies and signs review-decision proofs;
-    ``context_messages`` (Settings.context_messages) bounds what a model call reads."""
-    acts = SessionActivities(engine, context_messages=context_messages)
-    xagent = XAgentActivities(engine, client, review_key=review_key)
-    delegation = DelegationActivities(engine, client)
-    steps = StepActivities(engine)
-    inquiry = InquiryActivities(engine)
-    external = ExternalActivities(engine)  # issue 13: external sessions
-    mcp_tools = McpToolActivities(engine)  # issue 13: MCP servers as agents' tools
-    return [
-        acts.load_agent,
-        acts.model_turn,
-        acts.run_tool,
-        acts.record_failure,
-        acts.set_status,
-        acts.record_resume,
-        xagent.authorize,
-        xagent.settle_review,
-        xagent.refuse_tool,
-        xagent.xagent_tool,
-        delegation.delegate,
-        delegation.cancel_delegations,
-        delegation.route_turn,
-        steps.check_deliverable,
-        steps.update_step,
-        inquiry.inquiry_turn,
-        inquiry.inquiry_tool,
-        inquiry.finish_inquiry,
-        external.record_external_message,
-        mcp_tools.mcp_tool,
-    ]
+    ``context_messages`` (Settings.context_messages) bounds what a model call reads;
+    ``outbound`` (Settings.outbound_policy) is where a spec's MCP servers and webhook
+    receivers may be reached; ``webhooks`` (Settings.webhook_config) how deliveries are
+    attempted, None = as ``BATON_WEBHOOK_*`` in the environment say; ``exhibit_limits``
+    (Settings.exhibit_limits) what one exhibit may hold, None = the defaults; ``workspaces``
+    the session workspaces' store, None = as ``BATON_WORKSPACE_*`` say."""
+    store = workspaces or WorkspaceStore.from_settings(Settings())
+    return activity_methods(
+        WebhookActivities(
+            engine,
+            client,
+            outbound=outbound,
+            config=webhooks if webhooks is not None else Settings().webhook_config(),
+        ),
+        WorkspaceActivities(engine, store),
+        SessionActivities(
+            engine,
+            context_messages=context_messages,
+            outbound=outbound,
+            exhibit_limits=exhibit_limits,
+            workspaces=store,
+        ),
+        XAgentActivities(engine, client, review_key=review_key),
+        DelegationActivities(engine, client, outbound=outbound),
+        StepActivities(engine),
+        InquiryActivities(engine),
+        ExternalActivities(engine),
+        McpToolActivities(engine, policy=outbound),
+        EvalActivities(engine, client),
+    )
+
+
+def activity_methods(*instances: object) -> list[Callable[..., Any]]:
+    """Every ``@activity.defn`` method of each instance, bound, in definition order (a
+    base class's first; a subclass's override in its base's place): the activities a
+    worker registers are the activity classes' own, never a list kept by hand beside
+    them. Whether a method is an activity is what the SDK itself asks when it registers
+    one (``activity._Definition.from_callable``)."""
+    found: list[Callable[..., Any]] = []
+    for obj in instances:
+        names = dict.fromkeys(n for cls in reversed(type(obj).__mro__) for n in vars(cls))
+        for name in names:
+            member = inspect.getattr_static(obj, name)
+            if not isinstance(member, FunctionType | staticmethod | classmethod):
+                continue  # properties and data are not read: only methods can be activities
+            bound = getattr(obj, name)
+            if activity._Definition.from_callable(bound) is not None:
+                found.append(bound)
+    return found
 
 
 def temporal_connect_config(settings: Settings) -> ClientConnectConfig:
@@ -206,7 +309,7 @@ async def connect(settings: Settings, *, runtime: Runtime | None = None) -> Clie
     target and the reason on one line (refused, DNS, TLS handshake, bad
     certificate, timeout); :class:`~baton.errors.InvalidSettings` for a bad profile.
 
-    Tracing (issue 12, item 5): the interceptors of :func:`baton.telemetry.client_interceptors`
+    Tracing: the interceptors of :func:`baton.telemetry.client_interceptors`
     (the SDK's TracingInterceptor when ``OTEL_*`` turns tracing on), which every
     worker built on this client inherits. ``runtime``: a Temporal runtime of its own
     (the worker's metrics, :func:`baton.telemetry.worker_runtime`), else the default.
@@ -235,18 +338,25 @@ async def connect(settings: Settings, *, runtime: Runtime | None = None) -> Clie
         raise EngineUnavailable(msg) from exc
 
 
-#: How each workflow type follows new builds under Worker Versioning. Both AUTO_UPGRADE:
-#: a session lives for days and hands its history across continue-as-new, and a step may
-#: wait a day for its handoff (``handoff_timeout_s``) with no overall bound unless
-#: ``timeout_s`` is set, so PINNED would keep old builds running for as long. Every
-#: command change is gated by ``workflow.patched`` and proven by the replay suite
-#: (tests/test_replay.py over tests/histories/), which is what makes upgrading safe.
-#: Set as the worker's default rather than on ``@workflow.defn``: the server refuses a
-#: per-workflow behaviour from an unversioned worker ("versioning behavior cannot be
-#: specified without deployment options"), and unversioned must keep working.
+#: How each workflow type follows new builds under Worker Versioning: AUTO_UPGRADE, so a
+#: run in flight moves to the current build at its next workflow task. Sessions are not
+#: PINNED although an idle run now completes after ``idle_timeout_s``: a session in use
+#: continues-as-new without ever being idle, and a PINNED run's continue-as-new inherits
+#: its build, so such a session would stay on an old build for as long as it is used;
+#: ``idle_timeout_s`` may be unset (never idle); and a build rolled back must take its
+#: runs with it. A step may wait a day for its handoff. The price is the rule of
+#: docs/development.md (Workflow changes): a command change is gated by a patch and
+#: proven by the replay suite (tests/test_replay.py over
+#: tests/histories/). Set as the worker's default rather than on ``@workflow.defn``:
+#: the server refuses a per-workflow behaviour from an unversioned worker ("versioning
+#: behavior cannot be specified without deployment options"), and unversioned must
+#: keep working.
 VERSIONING_BEHAVIOR = {
     SessionWorkflow: VersioningBehavior.AUTO_UPGRADE,
     AgentStepWorkflow: VersioningBehavior.AUTO_UPGRADE,
+    InquiryWorkflow: VersioningBehavior.AUTO_UPGRADE,
+    WebhookDeliveryWorkflow: VersioningBehavior.AUTO_UPGRADE,
+    EvalWorkflow: VersioningBehavior.AUTO_UPGRADE,
 }
 
 
@@ -284,6 +394,11 @@ def build_worker(
     deployment: WorkerDeploymentConfig | None = None,
     context_messages: int | None = DEFAULT_CONTEXT_MESSAGES,
     max_cached_workflows: int = 1000,
+    outbound: OutboundPolicy = OPEN,
+    sticky_timeout: timedelta = timedelta(seconds=DEFAULT_STICKY_TIMEOUT_S),
+    webhooks: DeliveryConfig | None = None,
+    exhibit_limits: ExhibitLimits | None = None,
+    workspaces: WorkspaceStore | None = None,
 ) -> Worker:
     """The Baton worker for ``task_queue``: workflows, activities, sandbox passthrough.
 
@@ -297,9 +412,18 @@ def build_worker(
     window of a model call (``BATON_CONTEXT_MESSAGES``, None = the whole transcript).
     ``max_cached_workflows``: open runs kept in memory, the SDK's sticky cache
     (``BATON_WORKER_MAX_CACHED_WORKFLOWS``): what bounds the worker's RSS while runs
-    wait (a review, a turn), ~240 KB per run (bench/held.py, issue 14).
+    wait (a review, a turn), ~240 KB per run (bench/held.py). ``outbound``:
+    where a spec's MCP servers may be reached (:meth:`Settings.outbound_policy`; the
+    default refuses nothing, as with auth off).
+    ``sticky_timeout``: how long a run's next workflow task waits on this worker's sticky
+    queue before any worker may take it (``BATON_WORKER_STICKY_TIMEOUT``): after this
+    worker is killed, its runs resume elsewhere that much later. ``webhooks``: how webhook
+    deliveries are attempted (:meth:`Settings.webhook_config`; None reads the environment);
+    ``exhibit_limits``: what one exhibit may hold (:meth:`Settings.exhibit_limits`);
+    ``workspaces``: the session workspaces' store (None: as ``BATON_WORKSPACE_*`` say).
     """
     install_workflow_code_cache()
+    route_sdk_logs_off_the_sandbox()
     # Deliberate: many slots (async delegations wait in them) over a small thread pool.
     warnings.filterwarnings("ignore", message="Worker max_concurrent_activities is")
     return Worker(
@@ -307,13 +431,21 @@ def build_worker(
         task_queue=task_queue,
         workflows=WORKFLOWS,
         activities=activities_for(
-            engine, client, review_key=review_key, context_messages=context_messages
+            engine,
+            client,
+            review_key=review_key,
+            context_messages=context_messages,
+            outbound=outbound,
+            webhooks=webhooks,
+            exhibit_limits=exhibit_limits,
+            workspaces=workspaces,
         ),
         # Slots are many because a sync delegation holds one while its child runs (async,
         # no thread); blocking DB activities share the thread pool and queue there instead.
         activity_executor=ThreadPoolExecutor(max_workers=activity_threads),
         max_concurrent_activities=max_concurrent_activities,
         max_cached_workflows=max_cached_workflows,
+        sticky_queue_schedule_to_start_timeout=sticky_timeout,
         interceptors=interceptors,
         graceful_shutdown_timeout=graceful_shutdown,
         deployment_config=deployment,

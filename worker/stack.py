@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import socket
@@ -13,18 +14,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
 import uvicorn
+from temporalio.client import Client
 
 from baton import telemetry
-from baton.contracts import SEARCH_ATTRIBUTES
+from baton.contracts.search import SEARCH_ATTRIBUTES
 from baton.settings import Settings
 from baton.storage.db import make_engine
 from baton.storage.migrate import require_current
+from baton.workspaces.store import WorkspaceStore
 from worker.factory import build_worker, connect, deployment_config
 
 log = logging.getLogger("baton.stack")
@@ -79,12 +83,59 @@ def pick_port(preferred: int) -> int:
     return preferred if port_free(preferred) else free_port()
 
 
+def stack_task_queue(state_dir: Path) -> str:
+    """The task queue of the embedded stack whose state lives in ``state_dir``:
+    ``baton-`` and 12 hex digits of the SHA-256 of its absolute path.
+
+    Two stacks on one Temporal (another folder's `baton dev`, a demo, a test) must never
+    poll one queue: a worker takes any task of its queue and runs it against its own
+    database, where the other stack's sessions do not exist. The same folder keeps the
+    same queue across restarts, so its stored workflows resume.
+    """
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()
+    return f"baton-{digest[:12]}"
+
+
+class PortInUse(RuntimeError):
+    """A port the embedded stack must bind is held by another process.
+
+    ``what`` names the port for the user ("Temporal frontend", "Temporal Web UI", "API").
+    """
+
+    def __init__(self, port: int, what: str) -> None:
+        super().__init__(f"{what} port {port} is already in use")
+        self.port = port
+        self.what = what
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a listening TCP socket on ``port`` (False when
+    the process is gone): a server answering on the port may be another process's."""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+
+
+def answers(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``host:port`` accepts a TCP connection now."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+        return True
+    return False
+
+
 class DevServer:
     """`temporal server start-dev` as a child process, with Baton's search attributes.
 
-    ``db_file`` keeps state across restarts (None = in memory). Raises
-    RuntimeError when the server does not accept connections within 30 s.
+    ``db_file`` keeps state across restarts (None = in memory). :meth:`start` raises
+    :class:`PortInUse` for a taken port and RuntimeError when the child exits or does not
+    serve within ``start_timeout`` seconds.
     """
+
+    #: Seconds the child gets to serve its frontend: 0.5 s on a quiet machine, far more
+    #: on a loaded one; the wait ends at once when the child exits.
+    start_timeout = 120.0
 
     def __init__(
         self,
@@ -111,11 +162,14 @@ class DevServer:
         return f"http://localhost:{self.ui_port}"
 
     def start(self) -> None:
-        """Start and wait for the frontend port. Raises RuntimeError (port taken, no start)."""
-        for what, port in (("frontend", self.port), ("Web UI", self.ui_port)):
+        """Start the child and wait until it serves. The server is ours only when our
+        child is alive, holds the frontend's listening socket itself and answers on it:
+        another process on the port (a second stack that won the race for it) is never
+        taken for our own, whatever it answers. Raises PortInUse (a taken port, before
+        the start or when the child lost the bind) or RuntimeError (no start)."""
+        for port, what in self._ports():
             if not port_free(port):
-                msg = f"port {port} (Temporal {what}) is already in use"
-                raise RuntimeError(msg)
+                raise PortInUse(port, what)
         cmd = [
             str(temporal_binary()),
             "server",
@@ -138,14 +192,31 @@ class DevServer:
             cmd += ["--search-attribute", f"{key.name}=Keyword"]
         cmd += DEV_SERVER_TUNING
         out = self.log_file.open("ab") if self.log_file else subprocess.DEVNULL
-        self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while port_free(self.port):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
+        self._proc = proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.start_timeout
+        while not (listens(proc.pid, self.port) and answers(self.port)):
+            if proc.poll() is not None:
+                self._proc = None
+                for what, port in (
+                    ("Temporal frontend", self.port),
+                    ("Temporal Web UI", self.ui_port),
+                ):
+                    if not port_free(port):  # taken between the check above and the bind
+                        raise PortInUse(port, what)
+                where = f"; see {self.log_file}" if self.log_file else ""
+                msg = f"the Temporal dev server exited with code {proc.returncode}{where}"
+                raise RuntimeError(msg)
+            if time.monotonic() > deadline:
                 self.stop()
-                msg = f"the Temporal dev server did not start on port {self.port}"
+                msg = (
+                    f"the Temporal dev server did not serve port {self.port} "
+                    f"within {self.start_timeout:g} s"
+                )
                 raise RuntimeError(msg)
             time.sleep(0.05)
+
+    def _ports(self) -> tuple[tuple[int, str], ...]:
+        return ((self.port, "Temporal frontend"), (self.ui_port, "Temporal Web UI"))
 
     def stop(self) -> None:
         stop_process(self._proc)
@@ -203,7 +274,7 @@ async def run_services(
     stop: asyncio.Event,
     api_host: str = "127.0.0.1",
     api_port: int | None = None,
-    ready: threading.Event | None = None,
+    on_ready: Callable[[], None] | None = None,
     worker: bool = True,
 ) -> None:
     """Run the worker (unless ``worker`` is False) and the API (when ``api_port`` is set)
@@ -214,12 +285,14 @@ async def run_services(
     a bad profile :class:`~baton.errors.InvalidSettings`. On ``stop`` the API stops
     first, then the worker drains in-flight activities for up to
     ``worker_graceful_shutdown_s`` seconds (Temporal cancels what is still running).
+    ``on_ready`` is called once the worker runs and the API accepts connections (the
+    banner of `baton dev` waits for it).
     """
     review_key = settings.review_key()  # before any connection: a bad secret stops the start
     engine = make_engine(settings.database_url)
     try:
-        require_current(engine)  # refuse a database behind the code (issue 11)
-        # Issue 12 item 6: a worker's Prometheus endpoint lives in its Temporal runtime.
+        require_current(engine)  # refuse a database behind the code
+        # A worker's Prometheus endpoint lives in its Temporal runtime.
         runtime = (
             telemetry.worker_runtime(settings.metrics_bind)
             if worker and settings.metrics_bind
@@ -242,22 +315,13 @@ async def run_services(
             deployment=deployment_config(settings),
             context_messages=settings.context_messages or None,
             max_cached_workflows=settings.worker_max_cached_workflows,
+            outbound=settings.outbound_policy(),
+            sticky_timeout=timedelta(seconds=settings.worker_sticky_timeout),
+            webhooks=settings.webhook_config(),
+            exhibit_limits=settings.exhibit_limits(),
+            workspaces=WorkspaceStore.from_settings(settings),
         )
-    server = None
-    if api_port is not None:
-        # Only a process that serves the API pays for importing it (`baton worker` does not).
-        from api.app import create_app
-
-        config = uvicorn.Config(
-            create_app(settings, temporal=client),
-            host=api_host,
-            port=api_port,
-            log_level="warning",
-            # SSE streams never end on their own: without a bound, a stopping API waits
-            # for every follower to hang up. They resume on a replica with Last-Event-ID.
-            timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,
-        )
-        server = _QuietServer(config)
+    server = None if api_port is None else _api_server(settings, client, api_host, api_port)
     try:
         async with runner:
             task = asyncio.create_task(server.serve()) if server else None
@@ -267,14 +331,31 @@ async def run_services(
                     msg = f"the API did not start on port {api_port}"
                     raise RuntimeError(msg)
                 await asyncio.sleep(0.02)
-            if ready is not None:
-                ready.set()
+            if on_ready is not None:
+                on_ready()
             await stop.wait()
             if server and task:
                 server.should_exit = True
                 await task
     finally:
         engine.dispose()
+
+
+def _api_server(settings: Settings, client: Client, host: str, port: int) -> _QuietServer:
+    """The API app on uvicorn at ``host:port``, sharing the worker's Temporal client."""
+    # Only a process that serves the API pays for importing it (`baton worker` does not).
+    from api.app import create_app
+
+    config = uvicorn.Config(
+        create_app(settings, temporal=client),
+        host=host,
+        port=port,
+        log_level="warning",
+        # SSE streams never end on their own: without a bound, a stopping API waits
+        # for every follower to hang up. They resume on a replica with Last-Event-ID.
+        timeout_graceful_shutdown=API_GRACEFUL_SHUTDOWN_S,
+    )
+    return _QuietServer(config)
 
 
 class ServicesThread:
@@ -298,7 +379,7 @@ class ServicesThread:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             await run_services(
-                self.settings, stop=self._stop, api_port=self.api_port, ready=self._ready
+                self.settings, stop=self._stop, api_port=self.api_port, on_ready=self._ready.set
             )
 
         try:
@@ -307,7 +388,10 @@ class ServicesThread:
             self._error = exc
             self._ready.set()
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float | None = None) -> None:
+        """Start and wait until the services serve or fail (RuntimeError). No bound by
+        default: a start that cannot succeed fails on its own (the database and Temporal
+        connects have their own timeouts), and a loaded machine may need minutes."""
         self._thread.start()
         if not self._ready.wait(timeout) or self._error is not None:
             raise RuntimeError(f"services did not start: {self._error!r}")

@@ -1,5 +1,6 @@
-"""Temporal workflow definitions: ``Session`` (``workflows.session``, built from the sections
-in ``dispatch``, ``reviews``, ``delegation`` and ``session_base``), ``AgentStep``
+"""Temporal workflow definitions: ``Session`` (``workflows.session``, whose collaborators
+are ``turn``, ``dispatch``, ``xagent``, ``reviews``, ``delegation``, ``external``, ``idle``,
+``lifecycle`` and ``status``, over ``context`` and ``calls``), ``AgentStep``
 (``workflows.step``), ``Inquiry`` (``workflows.inquiry``) and activity option presets
 (``workflows.options``). Deterministic code only: no I/O, no settings, no clock.
 

@@ -1,4 +1,4 @@
-"""InquiryWorkflow: one question to an ambassador, answered durably (issue 15, AgentX Agent Teams).
+"""InquiryWorkflow: one question to an ambassador, answered durably (AgentX Agent Teams).
 
 Id ``inquiry-<uuid>``. A bounded loop: each model call is the ``inquiry_turn``
 activity, each call of its read-only tool belt the ``inquiry_tool`` activity,
@@ -16,22 +16,17 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.inquiry import InquiryActivities
-    from baton.contracts import (
-        InquiryFinish,
-        InquiryInput,
-        InquiryResult,
-        InquiryToolInput,
-        InquiryTurnInput,
-        ToolCall,
-        position,
-    )
-    from workflows.options import (
-        STORE_RETRY,
-        heartbeat_timeout,
-        model_retry,
-        store_timeout,
-        tool_timeout,
-    )
+    from baton.contracts.activity_io import InquiryFinish, InquiryToolInput, InquiryTurnInput
+    from baton.contracts.values import ToolCall, position
+    from baton.contracts.workflow_io import InquiryInput, InquiryResult
+
+from workflows.options import (
+    STORE_RETRY,
+    heartbeat_timeout,
+    model_retry,
+    store_timeout,
+    tool_timeout,
+)
 
 #: Tool calls of one reply that run; further ones get no result (the model sees them
 #: as interrupted), so one reply cannot fan out without bound.

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-from baton.contracts import SessionConfig
+from baton.contracts.workflow_io import SessionConfig
 
 #: Model calls: transient provider errors retried with backoff; non-retryable
 #: ApplicationErrors (auth, validation, configuration) end the turn at once.
@@ -45,7 +45,7 @@ DELEGATE_RETRY = RetryPolicy(
 
 
 def model_retry(cfg: SessionConfig) -> RetryPolicy:
-    """MODEL_RETRY with ``cfg.model_attempts`` attempts (issue 10, item 10).
+    """MODEL_RETRY with ``cfg.model_attempts`` attempts.
 
     Attempts count worker losses too, so there are many; provider failures are
     counted by ``model_turn`` itself (heartbeat details), which fails the call for

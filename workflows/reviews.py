@@ -1,226 +1,167 @@
-"""The session workflow's X-Agent tools and policy reviews: the guard chain, ``authorize``,
-the bounded wait for a decision and its one outcome (docs/xagent.md).
+"""The policy reviews of one session run (Gamut X-Agent Policies; docs/xagent.md, Reviews):
+the reviews open and expected, the decisions received by Signal, the bounded wait for one
+and its single outcome, and the bounded memory carried across runs.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import contextlib
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from activities.xagent import XAgentActivities
-    from baton.contracts import (
-        MAX_SETTLED_REVIEWS,
-        OPERATION_OF,
-        XAGENT_ARGS,
-        AuthorizeInput,
-        GetAgentSessionsArgs,
-        GetTranscriptArgs,
-        InvokeAgentArgs,
-        ListAgentsArgs,
-        ResolvedAgent,
-        ReviewDecision,
-        ReviewOutcome,
+    from baton.contracts.activity_io import (
         SettleInput,
         SettleResult,
-        ToolCall,
         ToolMessage,
         ToolOutcome,
         XAgentCall,
-        cross_agent_guard,
     )
-    from workflows.options import (
-        STORE_RETRY,
-        heartbeat_timeout,
-        store_timeout,
-        tool_timeout,
+    from baton.contracts.values import OPERATION_OF, Decision, ReviewOutcome, SessionStatus
+    from baton.contracts.workflow_io import (
+        MAX_LATE_DECISIONS,
+        MAX_SETTLED_REVIEWS,
+        LateDecision,
+        LateReason,
+        ReviewDecision,
+        SessionInput,
+        from_signal,
+        review_in_time,
     )
 
-
-from workflows.delegation import DelegationMixin
-from workflows.session_base import (
-    PATCH_LOCAL_SETTLE,
-    PATCH_LOCAL_XAGENT_READ,
-    arg_problems,
-    error_cause,
-)
+from workflows.calls import local
 
 
-def is_short_read(args: object) -> bool:
-    """Whether an X-Agent call (its validated arguments) is short DB work with no wait:
-    list_agents, get_agent_sessions and a transcript read without ``sync`` (which may wait
-    up to 45 s for a running turn, heartbeating). Those run as a local activity."""
-    if isinstance(args, GetTranscriptArgs):
-        return not args.sync
-    return isinstance(args, ListAgentsArgs | GetAgentSessionsArgs)
+class Reviews:
+    """A session run's reviews. ``set_status`` and ``show`` are the workflow's: a review
+    waiting makes the session ``awaiting_input``, the last one settled ``running``;
+    ``warn`` logs a decision that changed nothing (default: the workflow's logger).
 
+    Carried to the next run (continue-as-new, idle completion): :attr:`late` (the newest
+    ``MAX_LATE_DECISIONS`` decisions that changed nothing) and :attr:`settled` (the newest
+    ``MAX_SETTLED_REVIEWS`` settled ids, oldest first, so a decision for one of them
+    reads ``too_late`` and any other id ``unknown_review``).
+    """
 
-class ReviewMixin(DelegationMixin):
-    """X-Agent tool calls and the review wait."""
+    def __init__(
+        self,
+        inp: SessionInput,
+        *,
+        set_status: Callable[[SessionStatus], None],
+        show: Callable[[], None],
+        warn: Callable[..., None] | None = None,
+    ) -> None:
+        self._inp = inp
+        self._set_status = set_status
+        self._show = show
+        self._warn = warn or workflow.logger.warning
+        #: Reviews waited on: id -> {operation, target, preview}.
+        self.open: dict[str, dict[str, Any]] = {}
+        # Review ids handed to `authorize` whose verdict is not back yet: the review row
+        # is visible (API, CLI) as soon as that activity commits, so a decision can
+        # arrive before the wait opens it; it is kept for the wait to find.
+        self._expected: set[str] = set()
+        self._decisions: dict[str, ReviewDecision] = {}
+        self.late: list[LateDecision] = list(inp.late_decisions)
+        self.settled: dict[str, None] = dict.fromkeys(inp.settled_reviews)
+        #: Each review's deadline, fixed before `authorize` opens it (the row stores it):
+        #: a decision received later is too late, whenever the review's timer fires.
+        self.expiry: dict[str, datetime] = {}
+        #: A newer message interrupted the turn (if_busy=interrupt): every review it
+        #: waits on, or would open, settles `withdrawn` until the next turn starts.
+        self.withdrawing = False
+        # Allowed calls a proven reviewer edited: review id -> the settled result with the
+        # edit (an invoke's prompt, a create's name and instructions) and who edited.
+        self._edits: dict[str, SettleResult] = {}
 
-    async def _xagent(
-        self, agent: ResolvedAgent, turn: int, step: int, index: int, call: ToolCall
-    ) -> ToolOutcome:
-        """Guards, then ACL + policy (``authorize``), then a review wait, then the operation.
+    def expect(self, review_id: str) -> datetime:
+        """Fix the deadline of a review about to be asked for (``review_timeout_s`` from
+        now) and accept decisions for it from now on; returns the deadline."""
+        expiry = workflow.now() + timedelta(seconds=self._inp.config.review_timeout_s)
+        self.expiry[review_id] = expiry
+        self._expected.add(review_id)
+        return expiry
 
-        docs/xagent.md: self-invocation and one-hop are refused before any policy;
-        refusals go back to the model as tool errors.
-        """
-        tool = self._tool_message(agent, turn, step, index, call)
-        operation = OPERATION_OF[call.name]
-        try:
-            args = XAGENT_ARGS[call.name].model_validate(call.args)
-        except ValidationError as exc:
-            return await self._refuse(tool, "invalid_arguments", arg_problems(exc), audit=False)
-        target: str | None = getattr(args, "slug", None)
-        if isinstance(args, InvokeAgentArgs):
-            # The guards every cross-agent path passes (baton.permissions.gate.decide runs them
-            # again in `authorize`); refused here, no review and no policy is consulted.
-            guard = cross_agent_guard(
-                via="invoke", caller=agent.slug, target=args.slug, invoked=self._invoked_turn
-            )
-            if guard is not None:
-                return await self._refuse(tool, guard.code, guard.message, target=target)
-        xcall = XAgentCall(tool=tool, user=self._turn_user, auth=self._inp.config.auth)
-        # A list or a read is a few queries, no network and no wait: it runs as a local
-        # activity in the workflow task that allowed it, so its result is stored before
-        # that task completes: one server round trip and one activity dispatch sooner
-        # (issue 14). After a review it runs inside `settle_review` (SettleInput.then):
-        # one local activity, not two, after the decision. Durable all the same: results
-        # are markers in history, and a retry finds the stored result.
-        short = is_short_read(args) and self._patched(PATCH_LOCAL_XAGENT_READ)
-        review_id = f"review-{workflow.uuid4()}"
-        preview = args.prompt[:500] if isinstance(args, InvokeAgentArgs) else ""
-        if call.name == "create_agent":
-            preview = f"create agent '{call.args.get('name', '')}'"
-        self._expected_reviews.add(review_id)
-        try:
-            verdict = await workflow.execute_activity_method(
-                XAgentActivities.authorize,
-                AuthorizeInput(
-                    tool=tool,
-                    user=self._turn_user,
-                    operation=operation,
-                    target=target,
-                    review_id=review_id,
-                    preview=preview,
-                    auth=self._inp.config.auth,
-                    invoked=self._invoked_turn,
-                ),
-                start_to_close_timeout=store_timeout(self._inp.config),
-                retry_policy=STORE_RETRY,
-                summary=f"authorize {operation}" + (f" → {target}" if target else ""),
-            )
-        except ActivityError as err:
-            if self._closed:
-                raise
-            # Never leave a call without a result: the agent reads why and goes on.
-            return await self._refuse(tool, "authorization_failed", error_cause(err), audit=False)
-        finally:
-            self._expected_reviews.discard(review_id)
-        if verdict.decision != "review":
+    def asked(self, review_id: str, *, opened: bool) -> None:
+        """``authorize`` answered: a review was ``opened`` (the wait follows), or none was
+        needed and what was kept for it goes."""
+        self._expected.discard(review_id)
+        if not opened:
             self._decisions.pop(review_id, None)
-        if verdict.decision == "refused":
-            assert verdict.outcome is not None
-            return verdict.outcome
-        if verdict.decision == "review":
-            try:
-                settled = await self._review(
-                    tool, review_id, operation, target, preview, then=xcall if short else None
-                )
-            except ActivityError as err:
-                if self._closed:
-                    raise
-                return await self._refuse(tool, "review_failed", error_cause(err), audit=False)
-            if settled is not None:
-                return settled
-        try:
-            if isinstance(args, InvokeAgentArgs):
-                return await self._delegate(
-                    tool,
-                    turn,
-                    kind="invoke",
-                    target=args.slug,
-                    prompt=args.prompt,
-                    session_id=args.session_id,
-                    sync=args.sync,
-                )
-            summary = f"{call.name} · turn {turn}"
-            if short:
-                outcome: ToolOutcome = await self._local(
-                    XAgentActivities.xagent_tool, xcall, summary=summary
-                )
-                return outcome
-            return await workflow.execute_activity_method(
-                XAgentActivities.xagent_tool,
-                xcall,
-                start_to_close_timeout=tool_timeout(self._inp.config),
-                heartbeat_timeout=heartbeat_timeout(self._inp.config),
-                retry_policy=STORE_RETRY,
-                summary=summary,
-            )
-        except ActivityError as err:
-            if self._closed:
-                raise
-            # A delegation that timed out or kept failing is the agent's tool error, not
-            # the end of its turn: it can retry, pick another agent or answer without it.
-            return await self._refuse(tool, "delegation_failed", error_cause(err), audit=False)
+            self.expiry.pop(review_id, None)
 
-    async def _review(
+    def withdraw(self, on: bool = True) -> None:
+        """Withdraw the running turn's reviews (a newer message interrupted it): each wait
+        ends now, settled ``withdrawn`` unless a decision came first; ``on=False`` when
+        the next turn starts."""
+        self.withdrawing = on
+
+    def decide(self, raw: Any) -> None:
+        """Signal ``review_decision``: the first decision received by the review's deadline
+        (its signed ``received_at``; a raw Signal's is now) wins. Every other one changes
+        nothing and is kept in :attr:`late`: ``too_late`` after the review's outcome or
+        received past its deadline, ``unknown_review`` naming no review of this session,
+        ``invalid_decision`` when the argument is no decision. Never raises."""
+        decision = from_signal(ReviewDecision, raw)
+        if decision is None:
+            named = raw.get("review_id") if isinstance(raw, dict) else None
+            self._late(str(named or "")[:80], None, "invalid_decision")
+            return
+        rid = decision.review_id
+        open_ = rid in self.open or rid in self._expected
+        if open_ and rid not in self._decisions:
+            expiry = self.expiry.get(rid)
+            received = decision.received_at or workflow.now()
+            if expiry is None or review_in_time(received, expiry):
+                self._decisions[rid] = decision
+                return
+        known = open_ or rid in self.settled
+        self._late(rid, decision.decision, "too_late" if known else "unknown_review")
+
+    def _late(self, review_id: str, decision: Decision | None, reason: LateReason) -> None:
+        """Keep a decision that changed nothing (the newest MAX_LATE_DECISIONS)."""
+        self._warn("review %s: decision %s ignored (%s)", review_id, decision, reason)
+        self.late.append(LateDecision(review_id=review_id, decision=decision, reason=reason))
+        del self.late[:-MAX_LATE_DECISIONS]  # keep the newest: the sender asks next
+
+    async def wait(
         self,
         tool: ToolMessage,
         review_id: str,
-        operation: str,
         target: str | None,
         preview: str,
         *,
         then: XAgentCall | None = None,
     ) -> ToolOutcome | None:
-        """Wait for Signal ``review_decision`` up to the review timeout; settle exactly once.
+        """Wait for a decision until the review's timeout, then settle it exactly once
+        (``settle_review``, a local activity).
 
         Returns None when the operation may proceed, else its tool result: the refusal's,
         or that of ``then``, which ``settle_review`` ran once the review was allowed.
         """
-        self._open_reviews[review_id] = {
-            "operation": operation,
-            "target": target,
-            "preview": preview,
-        }
+        operation = OPERATION_OF[tool.call.name]
+        self.open[review_id] = {"operation": operation, "target": target, "preview": preview}
         timeout = self._inp.config.review_timeout_s
-        deadline = workflow.now() + timedelta(seconds=timeout)
-        self._review_deadlines[review_id] = deadline.strftime("%Y-%m-%d %H:%M:%S UTC")
         self._set_status("awaiting_input")
         self._show()  # a second review while one waits changes no status
-        outcome: ReviewOutcome
-        try:
+        # The timer runs the whole timeout from here, a little past the deadline (by how
+        # long `authorize` took): the Signal handler refuses whatever is received after
+        # the deadline, so the timer only bounds the wait.
+        with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(
-                lambda: review_id in self._decisions,
+                lambda: review_id in self._decisions or self.withdrawing,
                 timeout=timedelta(seconds=timeout),
                 timeout_summary=f"review {operation}" + (f" → {target}" if target else ""),
             )
-            decision: ReviewDecision | None = self._decisions[review_id]
-            assert decision is not None
-            outcome = "denied" if decision.decision == "deny" else "allowed"
-        except TimeoutError:
-            decision, outcome = None, "timed_out"
-        # The outcome is fixed from here: a decision arriving now is too late.
-        del self._open_reviews[review_id]
-        self._review_deadlines.pop(review_id, None)
-        self._decisions.pop(review_id, None)
-        self._settled_reviews[review_id] = None
-        while len(self._settled_reviews) > MAX_SETTLED_REVIEWS:
-            del self._settled_reviews[next(iter(self._settled_reviews))]
-        if not self._open_reviews:
-            self._set_status("running")
-        self._show()
+        decision, outcome = self._close(review_id)
         settle = SettleInput(
             tool=tool,
             review_id=review_id,
-            operation=OPERATION_OF[tool.call.name],
+            operation=operation,
             target=target,
             outcome=outcome,
             decision=decision,
@@ -229,21 +170,44 @@ class ReviewMixin(DelegationMixin):
             then=then,
         )
         # A local activity: the decision's workflow task records the outcome and schedules
-        # what follows, one server round trip fewer between decision and resumed turn
-        # (issue 14). Durable all the same: its result is a marker in history.
-        summary = f"review {outcome}"
-        if self._patched(PATCH_LOCAL_SETTLE):
-            settled: SettleResult = await self._local(
-                XAgentActivities.settle_review, settle, summary=summary
-            )
-        else:
-            settled = await workflow.execute_activity_method(
-                XAgentActivities.settle_review,
-                settle,
-                start_to_close_timeout=store_timeout(self._inp.config),
-                retry_policy=STORE_RETRY,
-                summary=summary,
-            )
+        # what follows, one server round trip fewer between decision and resumed turn.
+        # Durable all the same: its result is a marker in history.
+        settled: SettleResult = await local(
+            XAgentActivities.settle_review, settle, self._inp.config, summary=f"review {outcome}"
+        )
         if settled.ran is not None:
             return settled.ran
+        if settled.edited_prompt is not None or settled.edited_agent is not None:
+            self._edits[review_id] = settled
         return None if settled.allowed else settled.outcome
+
+    def take_edit(self, review_id: str) -> SettleResult | None:
+        """The settled result of an allowed call a reviewer edited (``edited_prompt`` and
+        ``edited_by`` of an invoke, ``edited_agent`` of a create), once."""
+        return self._edits.pop(review_id, None)
+
+    def _close(self, review_id: str) -> tuple[ReviewDecision | None, ReviewOutcome]:
+        """Fix a review's outcome: the decision the Signal handler took (received by the
+        deadline: it counts even when handled with the timer, delivered late while the
+        worker was down), else ``withdrawn`` when an interrupt withdrew it, else
+        ``timed_out``. A decision arriving after is too late."""
+        decision = self._decisions.get(review_id)
+        outcome: ReviewOutcome = "timed_out"
+        if decision is not None:
+            outcome = "denied" if decision.decision == "deny" else "allowed"
+        elif self.withdrawing:
+            outcome = "withdrawn"
+        del self.open[review_id]
+        self.expiry.pop(review_id, None)
+        self._decisions.pop(review_id, None)
+        self.settled[review_id] = None
+        while len(self.settled) > MAX_SETTLED_REVIEWS:
+            del self.settled[next(iter(self.settled))]
+        if not self.open:
+            self._set_status("running")
+        self._show()
+        return decision, outcome
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Reviews waited on: ``[{review_id, operation, target, preview}]``."""
+        return [dict(v, review_id=k) for k, v in self.open.items()]

@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 
-from api.deps import Caller, CallerDep, SessionDep
+from api.deps import CallerDep, SessionDep, SettingsDep
+from api.idempotency import IDEMPOTENT
 from api.problems import problem_responses
 from baton.agents import registry
 from baton.agents.schemas import (
@@ -16,11 +17,12 @@ from baton.agents.schemas import (
     AgentPublic,
     AgentUpdate,
     Page,
+    PublishBody,
     RevisionPublic,
     VersionBody,
 )
 from baton.agents.spec import SLUG_PATTERN, AgentSpec
-from baton.contracts import ResolvedAgent
+from baton.contracts.values import ResolvedAgent
 from baton.grants import auth, policies
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
@@ -28,16 +30,12 @@ router = APIRouter(prefix="/v1/agents", tags=["agents"])
 SlugPath = Annotated[str, Path(pattern=SLUG_PATTERN, examples=["researcher"])]
 
 
-def _acl_user(caller: Caller) -> str | None:
-    """The user whose roles the registry checks: None with auth off (everything allowed)."""
-    return caller.user if caller.auth else None
-
-
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     responses=problem_responses(400, 409, 422),
     summary="Create an agent (identity + draft)",
+    dependencies=IDEMPOTENT,
 )
 def create_agent(body: AgentCreate, session: SessionDep, caller: CallerDep) -> AgentPublic:
     """Create ``slug`` with its first draft. 409 ``agent_exists`` when taken.
@@ -51,7 +49,7 @@ def create_agent(body: AgentCreate, session: SessionDep, caller: CallerDep) -> A
         name=body.name,
         description=body.description,
         spec=body.spec,
-        user=_acl_user(caller),
+        user=caller.acl_user,
     )
     if caller.auth:
         auth.grant(session, agent=body.slug, user_id=caller.user, role="owner")
@@ -75,7 +73,8 @@ def list_agents(
 
 @router.get("/{slug}", responses=problem_responses(404, 422), summary="Get an agent")
 def get_agent(slug: SlugPath, session: SessionDep, caller: CallerDep) -> AgentPublic:
-    """The agent's identity, draft and live version."""
+    """The agent's identity, draft, live version and whether its bases have newer revisions
+    (``bases``, ``base_update_available``)."""
     caller.require(session, slug, "viewer")
     return registry.to_public(session, registry.get_agent(session, slug=slug))
 
@@ -113,7 +112,7 @@ def put_draft(
 ) -> AgentPublic:
     """Replace the mutable draft; tree bounds are checked now, references at publish."""
     caller.require(session, slug, "owner")
-    agent = registry.save_draft(session, slug=slug, spec=body, user=_acl_user(caller))
+    agent = registry.save_draft(session, slug=slug, spec=body, user=caller.acl_user)
     session.commit()
     return registry.to_public(session, agent)
 
@@ -126,13 +125,60 @@ def put_draft(
         **problem_responses(400, 404, 409, 422),
     },
     summary="Publish the draft",
+    dependencies=IDEMPOTENT,
 )
 def publish(
+    slug: SlugPath,
+    session: SessionDep,
+    response: Response,
+    caller: CallerDep,
+    settings: SettingsDep,
+    body: PublishBody | None = None,
+) -> RevisionPublic:
+    """Validate and publish the draft as the next version; 200 with the live one if
+    identical. Under a publish gate (the spec's ``publish_gate`` or
+    ``BATON_PUBLISH_GATE``, docs/change-safely.md) it needs an eval of this draft that
+    meets it: ``eval_id``, else the newest completed one; 409 ``eval_required`` when
+    there is none, 409 ``eval_failed`` (with ``eval_id`` and ``failed``: the limit or
+    condition not met) when it does not meet the gate, 404 ``eval_not_found``. The
+    revision records the eval (``eval_id``)."""
+    caller.require(session, slug, "owner")
+    rev, created = registry.publish(
+        session,
+        slug=slug,
+        user=caller.acl_user,
+        eval_id=body.eval_id if body else None,
+        default_gate=settings.publish_gate_config(),
+    )
+    session.commit()
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return registry.revision_public(registry.get_agent(session, slug=slug), rev)
+
+
+@router.post(
+    "/{slug}/rebase",
+    status_code=status.HTTP_201_CREATED,
+    dependencies=IDEMPOTENT,
+    responses={
+        200: {
+            "model": RevisionPublic,
+            "description": "The bases' live revisions are the pinned ones",
+        },
+        **problem_responses(400, 403, 404, 409, 422),
+    },
+    summary="Republish the live revision on its bases' live revisions",
+)
+def rebase(
     slug: SlugPath, session: SessionDep, response: Response, caller: CallerDep
 ) -> RevisionPublic:
-    """Validate and publish the draft as the next version; 200 with the live one if identical."""
+    """Publish the live revision's spec as the next version, pinned to the bases' live
+    revisions now (a published revision never follows a base by itself); the draft is
+    untouched. The publish path's validation and ACL apply: 403 ``forbidden`` without
+    viewer on a base. 200 with the live revision when nothing moved; 409
+    ``agent_retired`` / ``agent_not_published`` without a live revision."""
     caller.require(session, slug, "owner")
-    rev, created = registry.publish(session, slug=slug, user=_acl_user(caller))
+    rev, created = registry.rebase(session, slug=slug, user=caller.acl_user)
     session.commit()
     if not created:
         response.status_code = status.HTTP_200_OK
@@ -169,13 +215,14 @@ def get_revision(
     "/{slug}/restore",
     responses=problem_responses(404, 422),
     summary="Copy a revision into the draft",
+    dependencies=IDEMPOTENT,
 )
 def restore(
     slug: SlugPath, body: VersionBody, session: SessionDep, caller: CallerDep
 ) -> AgentPublic:
     """The draft becomes revision ``version``'s spec; the live pointer stays."""
     caller.require(session, slug, "owner")
-    agent = registry.restore(session, slug=slug, version=body.version, user=_acl_user(caller))
+    agent = registry.restore(session, slug=slug, version=body.version, user=caller.acl_user)
     session.commit()
     return registry.to_public(session, agent)
 
@@ -184,19 +231,23 @@ def restore(
     "/{slug}/rollback",
     responses=problem_responses(400, 404, 422),
     summary="Move the live pointer",
+    dependencies=IDEMPOTENT,
 )
 def rollback(
     slug: SlugPath, body: VersionBody, session: SessionDep, caller: CallerDep
 ) -> AgentPublic:
     """The live pointer moves to existing revision ``version``; nothing new is stored."""
     caller.require(session, slug, "owner")
-    agent = registry.rollback(session, slug=slug, version=body.version, user=_acl_user(caller))
+    agent = registry.rollback(session, slug=slug, version=body.version, user=caller.acl_user)
     session.commit()
     return registry.to_public(session, agent)
 
 
 @router.post(
-    "/{slug}/retire", responses=problem_responses(404, 409, 422), summary="Retire an agent"
+    "/{slug}/retire",
+    responses=problem_responses(404, 409, 422),
+    summary="Retire an agent",
+    dependencies=IDEMPOTENT,
 )
 def retire(slug: SlugPath, session: SessionDep, caller: CallerDep) -> AgentPublic:
     """Clear the live pointer; launches are refused with ``agent_retired`` afterwards."""
@@ -222,7 +273,7 @@ def resolved(
     """The revision after inheritance and narrowing (docs/agents.md, 'Resolution rules')."""
     caller.require(session, slug, "viewer")
     ref = f"{slug}@{version}" if version is not None else slug
-    return registry.resolve_agent(session, ref=ref, user=_acl_user(caller))
+    return registry.resolve_agent(session, ref=ref, user=caller.acl_user)
 
 
 @router.get(

@@ -1,6 +1,6 @@
 """``/v1/sessions/{id}/inquiries``: ask an ambassador about a session, read the thread.
 
-AgentX Agent Teams, 'Ambassador'; issue 15. The inquiry runs as its own ``Inquiry``
+AgentX Agent Teams, 'Ambassador'. The inquiry runs as its own ``Inquiry``
 workflow (id ``inquiry-<uuid>``); nothing it does enters the session.
 """
 
@@ -16,14 +16,16 @@ from fastapi import APIRouter, Path, Request, Response, status
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.engine import Engine
 from starlette.datastructures import UploadFile as StarletteUpload
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import WorkflowFailureError
 
-from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, Temporal, TemporalDep
+from api.idempotency import IDEMPOTENT
 from api.problems import problem_responses
 from baton.agents import registry
 from baton.agents.schemas import Page
 from baton.agents.spec import REF_PATTERN, SafeText, parse_ref
-from baton.contracts import MAX_MESSAGE_CHARS, InquiryInput, InquiryResult
+from baton.contracts.values import MAX_MESSAGE_CHARS
+from baton.contracts.workflow_io import InquiryInput, InquiryResult
 from baton.errors import BatonError, EngineUnavailable
 from baton.providers import voice
 from baton.runs import inquiries
@@ -75,13 +77,14 @@ class InquiryCreate(BaseModel):
     status_code=status.HTTP_201_CREATED,
     responses=problem_responses(403, 404, 422, 503, 504),
     summary="Ask the ambassador",
+    dependencies=IDEMPOTENT,
 )
 async def create_inquiry(
     session_id: SessionIdPath,
     body: InquiryCreate,
     engine: EngineDep,
     settings: SettingsDep,
-    client: TemporalDep,
+    temporal: TemporalDep,
     caller: CallerDep,
 ) -> inquiries.InquiryPublic:
     """Ask an ambassador about the session and wait for its answer (``draft`` when it
@@ -91,7 +94,7 @@ async def create_inquiry(
     return await ask(
         engine,
         settings,
-        client,
+        temporal,
         caller,
         session_id=session_id,
         question=body.question,
@@ -99,10 +102,56 @@ async def create_inquiry(
     )
 
 
+def _record(
+    engine: Engine,
+    settings: Settings,
+    caller: Caller,
+    inquiry_id: str,
+    session_id: str,
+    question: str,
+    ambassador: str | None,
+) -> str:
+    """Check and record a new inquiry; its ambassador's pin. The caller must be able to
+    read the session (404/403) and use the ambassador (``ambassador``, else
+    BATON_DEFAULT_AMBASSADOR; 422 when neither is set), which must be of kind ambassador
+    (422)."""
+    with session_scope(engine) as s:
+        inquiries.readable_session(s, session_id=session_id, user=caller.user, auth_on=caller.auth)
+        ref = ambassador or settings.default_ambassador
+        if not ref:
+            raise inquiries.NoAmbassador(
+                "name an ambassador (no BATON_DEFAULT_AMBASSADOR is set)", path="ambassador"
+            )
+        caller.require(s, parse_ref(ref)[0], "user")
+        agent = registry.resolve_agent(s, ref=ref)
+        if agent.kind != "ambassador":
+            raise inquiries.NotAnAmbassador(
+                f"'{agent.slug}' is of kind {agent.kind}, not ambassador", path="ambassador"
+            )
+        inquiries.create(
+            s,
+            inquiry_id=inquiry_id,
+            session_id=session_id,
+            user=caller.user,
+            ambassador=agent.slug,
+            version=agent.version,
+            question=question,
+        )
+        return agent.pin
+
+
+def _unanswered(engine: Engine, inquiry_id: str, error: str) -> None:
+    """Record an inquiry that ended without an answer (Temporal unreachable, or the
+    workflow's execution timeout), so no inquiry row stays running."""
+    with session_scope(engine) as s:
+        row = inquiries.get(s, inquiry_id=inquiry_id)
+        inquiries.finish(s, inquiry_id=inquiry_id, answer=None, steps=row.steps, error=error)
+
+
 async def ask(
     engine: Engine,
     settings: Settings,
-    client: Client,
+    temporal: Temporal,
     caller: Caller,
     *,
     session_id: str,
@@ -113,34 +162,9 @@ async def ask(
     ``Inquiry`` workflow to the end, return the stored inquiry (see create_inquiry)."""
     inquiry_id = f"inquiry-{uuid.uuid4()}"
 
-    def record() -> str:
-        with session_scope(engine) as s:
-            inquiries.readable_session(
-                s, session_id=session_id, user=caller.user, auth_on=caller.auth
-            )
-            ref = ambassador or settings.default_ambassador
-            if not ref:
-                raise inquiries.NoAmbassador(
-                    "name an ambassador (no BATON_DEFAULT_AMBASSADOR is set)", path="ambassador"
-                )
-            caller.require(s, parse_ref(ref)[0], "user")
-            agent = registry.resolve_agent(s, ref=ref)
-            if agent.kind != "ambassador":
-                raise inquiries.NotAnAmbassador(
-                    f"'{agent.slug}' is of kind {agent.kind}, not ambassador", path="ambassador"
-                )
-            inquiries.create(
-                s,
-                inquiry_id=inquiry_id,
-                session_id=session_id,
-                user=caller.user,
-                ambassador=agent.slug,
-                version=agent.version,
-                question=question,
-            )
-            return agent.pin
-
-    pin = await asyncio.to_thread(record)
+    pin = await asyncio.to_thread(
+        _record, engine, settings, caller, inquiry_id, session_id, question, ambassador
+    )
     cfg = settings.session_config()
     inp = InquiryInput(
         inquiry_id=inquiry_id,
@@ -155,6 +179,11 @@ async def ask(
         model_turn_timeout_s=cfg.model_turn_timeout_s,
         config=cfg,
     )
+    try:  # after every check: a bad request is its 4xx, Temporal down or not
+        client = await temporal.client()
+    except EngineUnavailable as exc:
+        await asyncio.to_thread(_unanswered, engine, inquiry_id, exc.detail)
+        raise
     try:
         await client.execute_workflow(
             "Inquiry",
@@ -169,15 +198,7 @@ async def ask(
         # The workflow stores every outcome itself; only its execution timeout (or an
         # operator's terminate) ends it without one: record that, so no row stays running.
         detail = f"the ambassador did not answer within {settings.inquiry_timeout:g} s"
-
-        def timed_out() -> None:
-            with session_scope(engine) as s:
-                row = inquiries.get(s, inquiry_id=inquiry_id)
-                inquiries.finish(
-                    s, inquiry_id=inquiry_id, answer=None, steps=row.steps, error=detail
-                )
-
-        await asyncio.to_thread(timed_out)
+        await asyncio.to_thread(_unanswered, engine, inquiry_id, detail)
         raise InquiryTimedOut(detail) from exc
     except Exception as exc:
         if isinstance(exc, BatonError):
@@ -220,7 +241,7 @@ async def create_spoken_inquiry(
     request: Request,
     engine: EngineDep,
     settings: SettingsDep,
-    client: TemporalDep,
+    temporal: TemporalDep,
     caller: CallerDep,
 ) -> inquiries.InquiryPublic:
     """Transcribe the question (``/audio/transcriptions``) and answer it as a typed one:
@@ -250,7 +271,7 @@ async def create_spoken_inquiry(
     return await ask(
         engine,
         settings,
-        client,
+        temporal,
         caller,
         session_id=session_id,
         question=text[:MAX_MESSAGE_CHARS],

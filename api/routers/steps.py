@@ -1,5 +1,5 @@
 """``/v1/steps``, ``/v1/usage``, ``/v1/balance``: workflow-agent steps, metering and the
-balance ceiling (issue 6; docs/steps.md, docs/metering.md)."""
+balance ceiling (docs/steps.md, docs/metering.md)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,20 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, status
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from sqlalchemy.engine import Engine
 from sqlmodel import col
 from temporalio.service import RPCError
 
 from api.deps import CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.idempotency import IDEMPOTENT, IdempotencyDep
 from api.problems import problem_responses
 from baton.agents.schemas import MAX_OFFSET, Page
 from baton.agents.spec import REF_PATTERN, SafeText, parse_ref
-from baton.contracts import HandoffDecision, StepInput, StepRetry
+from baton.contracts.workflow_io import HandoffDecision, StepInput, StepRetry
 from baton.errors import AdminOnly, Conflict, EngineUnavailable, NotFound
-from baton.runs import launch, metering, session_store
+from baton.runs import deliverables, launch, metering, session_store
 from baton.runs.deliverables import check_output_schema
+from baton.runs.handoff import status_after
 from baton.storage.db import StepRow, page, session_scope
 
 router = APIRouter(prefix="/v1/steps", tags=["steps"])
@@ -51,7 +54,7 @@ class StepCreate(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        strict=True,  # no `"handoff": 1` or `"timeout_s": "60"` coercions (issue 10, item 11)
+        strict=True,  # no `"handoff": 1` or `"timeout_s": "60"` coercions
         json_schema_extra={
             "examples": [
                 {
@@ -166,7 +169,8 @@ class StepPublic(BaseModel):
     updated_at: datetime
 
 
-def _public(row: StepRow) -> StepPublic:
+def step_public(row: StepRow) -> StepPublic:
+    """The API view of a step row (also the console's)."""
     return StepPublic(
         step_id=row.id,
         agent=row.agent_slug,
@@ -192,14 +196,21 @@ async def create_step(
     engine: EngineDep,
     settings: SettingsDep,
     caller: CallerDep,
-    client: TemporalDep,
+    temporal: TemporalDep,
+    claim: IdempotencyDep,
 ) -> StepAccepted:
-    """Pin the agent, store the step and start its AgentStepWorkflow; poll GET for the result."""
+    """Pin the agent, store the step and start its AgentStepWorkflow; poll GET for the result.
+
+    422 ``not_invocable`` for an ambassador (it never runs as a step). Everything is
+    checked before Temporal is reached: a bad request is its 4xx even while Temporal is
+    down (503 ``engine_unavailable`` only for a valid one). With an ``Idempotency-Key``
+    the step id is derived from it: a retry that takes over a request whose API process
+    was killed attaches to the step it started.
+    """
     if body.output_schema is not None:
         check_output_schema(body.output_schema)
-    await asyncio.to_thread(caller.require_on, engine, parse_ref(body.agent)[0], "user")
     text = body.input if isinstance(body.input, str) else json.dumps(body.input)
-    step_id = f"step-{uuid.uuid4()}"
+    step_id = f"step-{claim.uuid() if claim else uuid.uuid4()}"
     inp = StepInput(
         step_id=step_id,
         agent_pin=body.agent,
@@ -212,8 +223,29 @@ async def create_step(
         config=settings.session_config(),
         user=caller.user,
     )
+
+    def record() -> tuple[tuple[str, int], bool]:
+        with session_scope(engine) as s:
+            caller.require(s, parse_ref(body.agent)[0], "user")
+            # A keyed retry's step may be a killed first attempt's, its workflow running.
+            existed = claim is not None and s.get(StepRow, step_id) is not None
+            return launch.record_step(s, inp=inp, ref=body.agent, keyed=bool(claim)), existed
+
+    recorded, existed = await asyncio.to_thread(record)
+    try:
+        client = await temporal.client()
+    except EngineUnavailable:
+        if not existed:
+            await asyncio.to_thread(launch.forget_step, engine, step_id)
+        raise
     slug, version = await launch.launch_step(
-        client, engine, task_queue=settings.task_queue, inp=inp, ref=body.agent
+        client,
+        engine,
+        task_queue=settings.task_queue,
+        inp=inp,
+        ref=body.agent,
+        recorded=recorded,
+        keyed=bool(claim),
     )
     return StepAccepted(step_id=step_id, agent=slug, version=version, status="running")
 
@@ -237,7 +269,7 @@ def list_steps(
     rows, total = page(
         session, StepRow, where=conditions, order_by=newest_first, limit=limit, offset=offset
     )
-    return Page(data=[_public(r) for r in rows], count=total)
+    return Page(data=[step_public(r) for r in rows], count=total)
 
 
 def _get(session: Any, step_id: str) -> StepRow:
@@ -252,12 +284,13 @@ def get_step(step_id: StepIdPath, session: SessionDep, caller: CallerDep) -> Ste
     """Status, pin, deliverable, attempts, error."""
     row = _get(session, step_id)
     caller.require(session, row.agent_slug, "viewer")
-    return _public(row)
+    return step_public(row)
 
 
 @router.post(
     "/{step_id}/handoff",
     status_code=status.HTTP_202_ACCEPTED,
+    dependencies=IDEMPOTENT,
     responses=problem_responses(403, 404, 409, 422, 503),
     summary="Approve, revise or reject a step's deliverable",
 )
@@ -266,7 +299,7 @@ async def handoff(
     body: HandoffDecision,
     engine: EngineDep,
     caller: CallerDep,
-    client: TemporalDep,
+    temporal: TemporalDep,
 ) -> StepPublic:
     """Deliver Signal ``handoff``; 409 ``step_not_awaiting_handoff`` unless it waits for one."""
 
@@ -274,13 +307,16 @@ async def handoff(
         with session_scope(engine) as s:
             row = _get(s, step_id)
             caller.require(s, row.agent_slug, "user")
-            return _public(row)
+            return step_public(row)
 
     step = await asyncio.to_thread(load)
     if step.status != "awaiting_handoff":
         raise NotAwaitingHandoff(
             f"step '{step_id}' is {step.status}, not awaiting_handoff", step_status=step.status
         )
+    if body.edited_deliverable is not None:
+        await asyncio.to_thread(_check_edit, engine, step_id, body)
+    client = await temporal.client()
     try:
         await client.get_workflow_handle(step_id).signal("handoff", body)
     except RPCError as exc:
@@ -288,14 +324,20 @@ async def handoff(
     return await _after_decision(step, body, load)
 
 
+def _check_edit(engine: Engine, step_id: str, body: HandoffDecision) -> None:
+    """422 ``invalid_deliverable`` unless ``body``'s edit passes the step's
+    ``output_schema`` (:func:`baton.runs.deliverables.check_edit`)."""
+    with session_scope(engine) as s:
+        schema = _get(s, step_id).output_schema
+    deliverables.check_edit(body, schema)
+
+
 #: Seconds the handoff reply waits for the step row to show the decision applied.
 HANDOFF_APPLIED_WAIT_S = 5.0
-#: The status each decision leads to (workflows/step.py, AgentStepWorkflow._run).
-_STATUS_AFTER = {"approve": "completed", "reject": "rejected", "revise": "running"}
 
 
 async def _after_decision(before: StepPublic, decision: HandoffDecision, load: Any) -> StepPublic:
-    """The step once the workflow has applied ``decision`` (issue 12, item 7): the row as
+    """The step once the workflow has applied ``decision``: the row as
     it leaves ``awaiting_handoff``, polled for up to :data:`HANDOFF_APPLIED_WAIT_S`
     seconds; past that (a busy worker) the status the decision leads to, unstored yet."""
     loop = asyncio.get_running_loop()
@@ -305,7 +347,7 @@ async def _after_decision(before: StepPublic, decision: HandoffDecision, load: A
         now: StepPublic = await asyncio.to_thread(load)
         if now.status != "awaiting_handoff" or now.attempts != before.attempts:
             return now
-    return before.model_copy(update={"status": _STATUS_AFTER[decision.decision]})
+    return before.model_copy(update={"status": status_after(decision)})
 
 
 @router.get(
@@ -317,7 +359,7 @@ def get_step_transcript(
     step_id: StepIdPath, session: SessionDep, caller: CallerDep
 ) -> session_store.Transcript:
     """Every attempt's messages, oldest first (revision prompts and schema feedback
-    included): the step stores them under its own id (issue 12, item 4)."""
+    included): the step stores them under its own id."""
     row = _get(session, step_id)
     caller.require(session, row.agent_slug, "viewer")
     return session_store.transcript(session, session_id=step_id)

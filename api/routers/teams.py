@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Response, status
 from sqlmodel import Session
 
 from api.deps import Caller, CallerDep, SessionDep
+from api.idempotency import IDEMPOTENT
 from api.problems import problem_responses
 from baton.agents import teams
 from baton.agents.schemas import MAX_OFFSET, Page
@@ -33,6 +34,7 @@ def _require_members(
     status_code=status.HTTP_201_CREATED,
     responses=problem_responses(403, 404, 409, 422),
     summary="Create a team",
+    dependencies=IDEMPOTENT,
 )
 def create_team(body: teams.TeamIn, session: SessionDep, caller: CallerDep) -> teams.TeamPublic:
     """Validate and store a team. 409 ``team_exists``; 404 when a member is not an agent;

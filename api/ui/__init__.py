@@ -1,5 +1,5 @@
-"""The web console at ``/ui`` (issue 15): approvals inbox, live sessions, traces, the
-ambassador panel, agents and teams, a session launcher.
+"""The web console at ``/ui``: approvals inbox (reviews and step handoffs), live
+sessions, traces, the ambassador panel, agents and teams, steps, a session launcher.
 
 Server-rendered with Jinja2; the live parts are a small script of the project's own
 (``static/console.js``) over the API's SSE streams and JSON endpoints: no CDN, it
@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Form, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -25,15 +25,25 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlmodel import Session
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from api.deps import TOKEN_COOKIE, Caller, get_caller, require_same_origin
+from api.deps import TOKEN_COOKIE, Caller, app_temporal, get_caller, require_same_origin
+from api.routers import evals as eval_routes
+from api.routers.agents import get_agent, get_policies, list_revisions
+from api.routers.steps import get_step, get_step_transcript
+from api.routers.teams import get_team
+from api.ui import agents as ui_agents
+from api.ui import audit as ui_audit
+from api.ui import evals as ui_evals
+from api.ui import steps as ui_steps
 from baton.agents import registry, teams
+from baton.agents.schemas import MAX_OFFSET
+from baton.errors import EngineUnavailable
 from baton.grants import auth
 from baton.grants.auth import Unauthorized
 from baton.permissions import reviews
 from baton.providers import voice
 from baton.runs import inquiries, run_tree, session_store
 from baton.settings import Settings
-from baton.storage.db import ReviewRow, session_scope
+from baton.storage.db import ReviewRow, StepRow, session_scope
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(
@@ -47,14 +57,19 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 INBOX_POLL_S = 0.3
 #: Resolved reviews the inbox keeps showing (their outcome), newest first.
 RECENT_REVIEWS = 20
+#: Steps the home page lists, newest first.
+HOME_STEPS = 5
+#: Evals an agent's page lists, newest first.
+AGENT_EVALS = 20
 
 
 #: Headers of every console page: its own files only (no CDN, no inline script), and never
 #: inside a frame: a framed inbox's clicks are same-origin, so the cross-origin check
-#: (api.deps.require_same_origin) could not stop a clickjacked approval.
+#: (api.deps.require_same_origin) could not stop a clickjacked approval. Images may also be
+#: ``blob:`` URLs: an image exhibit is fetched from the API and shown as one (docs/exhibits.md).
 PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
-    "form-action 'self'; object-src 'none'",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' blob:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
 }
@@ -94,25 +109,56 @@ def _page(request: Request, name: str, caller: Caller, **context: Any) -> HTMLRe
 
 
 def review_card(row: ReviewRow, timeout_s: float) -> dict[str, Any]:
-    """A review as the console's cards show it: the API shape plus its deadline (ISO,
-    ``created_at`` + ``BATON_REVIEW_TIMEOUT``; Gamut X-Agent Policies, 'Review timeout')."""
+    """A review as the console's cards show it: the API shape plus its deadline (ISO: the
+    review's ``expires_at``, for older rows ``created_at`` + ``BATON_REVIEW_TIMEOUT``;
+    Gamut X-Agent Policies, 'Review timeout')."""
     public = reviews.review_public(row).model_dump(mode="json")
-    public["deadline"] = (row.created_at + timedelta(seconds=timeout_s)).isoformat()
+    deadline = row.expires_at or row.created_at + timedelta(seconds=timeout_s)
+    public["deadline"] = deadline.isoformat()
     return public
 
 
 def inbox_state(session: Session, caller: Caller, timeout_s: float) -> dict[str, Any]:
     """Pending reviews the user may decide (user role on the caller agent, as
-    ``POST /v1/reviews/{id}/decision`` requires) and the latest resolved ones."""
+    ``POST /v1/reviews/{id}/decision`` requires) and the latest resolved ones, plus the
+    step handoffs of :func:`api.ui.steps.handoff_state` (their deadlines unset)."""
     callers = caller.visible(session, "user")
     pending, _ = reviews.list_reviews(
         session, status="pending", callers=callers, limit=200, offset=0
     )
     recent, _ = reviews.list_reviews(session, callers=callers, limit=RECENT_REVIEWS, offset=0)
+    cards = [review_card(r, timeout_s) for r in pending]
+    ui_audit.add_review_context(session, cards)
     return {
-        "pending": [review_card(r, timeout_s) for r in pending],
+        "pending": cards,
         "recent": [review_card(r, timeout_s) for r in recent if r.status != "pending"],
+        **ui_steps.handoff_state(session, caller),
     }
+
+
+async def _temporal(request: Request, cards: list[dict[str, Any]]) -> Any:
+    """The app's Temporal client when ``cards`` need a handoff deadline from it; None
+    when they do not, or while Temporal is unreachable (the pages still render, without
+    handoff countdowns)."""
+    if not ui_steps.needs_query(cards):
+        return None
+    try:
+        return await app_temporal(request.app.state)
+    except EngineUnavailable:
+        return None
+
+
+async def full_inbox_state(request: Request, caller: Caller) -> dict[str, Any]:
+    """:func:`inbox_state` with each pending handoff's deadline."""
+    settings = _settings(request)
+
+    def read() -> dict[str, Any]:
+        with session_scope(request.app.state.engine) as s:
+            return inbox_state(s, caller, settings.review_timeout)
+
+    state = await asyncio.to_thread(read)
+    await ui_steps.add_deadlines(await _temporal(request, state["handoffs"]), state["handoffs"])
+    return state
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -164,8 +210,9 @@ def home(request: Request, caller: UiCaller) -> HTMLResponse:
     engine = request.app.state.engine
     with session_scope(engine) as s:
         rows, total = session_store.list_sessions(s, limit=50, agents=caller.visible(s))
-        listed = [session_store.to_public(r) for r in rows]
+        listed = [session_store.to_public(r).model_dump(mode="json") for r in rows]
         agents, teams_ = _catalog(s, caller)
+        steps = ui_steps.list_steps(s, caller, limit=HOME_STEPS)
     return _page(
         request,
         "home.html",
@@ -174,6 +221,7 @@ def home(request: Request, caller: UiCaller) -> HTMLResponse:
         total=total,
         agents=[a for a in agents if a["kind"] == "agent" and a["live_version"]],
         teams=teams_,
+        steps=steps,
     )
 
 
@@ -208,11 +256,9 @@ def agents_page(request: Request, caller: UiCaller) -> HTMLResponse:
 
 
 @router.get("/inbox", response_class=HTMLResponse)
-def inbox(request: Request, caller: UiCaller) -> HTMLResponse:
+async def inbox(request: Request, caller: UiCaller) -> HTMLResponse:
     """The approvals inbox; the page keeps itself current over ``/ui/inbox/stream``."""
-    settings = _settings(request)
-    with session_scope(request.app.state.engine) as s:
-        state = inbox_state(s, caller, settings.review_timeout)
+    state = await full_inbox_state(request, caller)
     return _page(request, "inbox.html", caller, state=state)
 
 
@@ -221,17 +267,11 @@ async def inbox_stream(request: Request, caller: UiCaller) -> EventSourceRespons
     """SSE: an ``inbox`` event with the whole inbox state whenever it changes, so a
     decision made anywhere (console, API, CLI, Temporal CLI, timeout) shows in every
     open inbox."""
-    settings = _settings(request)
-    engine = request.app.state.engine
-
-    def read() -> str:
-        with session_scope(engine) as s:
-            return json.dumps(inbox_state(s, caller, settings.review_timeout), sort_keys=True)
 
     async def gen() -> AsyncIterator[ServerSentEvent]:
         last = ""
         while not await request.is_disconnected():
-            state = await asyncio.to_thread(read)
+            state = json.dumps(await full_inbox_state(request, caller), sort_keys=True)
             if state != last:
                 last = state
                 yield ServerSentEvent(event="inbox", data=state)
@@ -275,8 +315,232 @@ def trace_page(request: Request, session_id: str, caller: UiCaller) -> HTMLRespo
     with session_scope(request.app.state.engine) as s:
         inquiries.readable_session(s, session_id=session_id, user=caller.user, auth_on=caller.auth)
         tree = run_tree.trace(s, session_id=session_id, links=_settings(request))
+        refused = ui_audit.refused_calls(
+            s, caller, list(dict.fromkeys(run_tree.run_sessions(s, root_session_id=session_id)))
+        )
     return _page(
-        request, "trace.html", caller, tree=tree.model_dump(mode="json"), session_id=session_id
+        request,
+        "trace.html",
+        caller,
+        tree=tree.model_dump(mode="json"),
+        session_id=session_id,
+        refused=refused,
+    )
+
+
+@router.get("/steps", response_class=HTMLResponse)
+async def steps_page(request: Request, caller: UiCaller) -> HTMLResponse:
+    """Workflow-agent steps newest first: status, agent@version, attempt, deadline."""
+
+    def read() -> list[dict[str, Any]]:
+        with session_scope(request.app.state.engine) as s:
+            return ui_steps.list_steps(s, caller)
+
+    listed = await asyncio.to_thread(read)
+    await ui_steps.add_deadlines(await _temporal(request, listed), listed)
+    return _page(request, "steps.html", caller, steps=listed)
+
+
+@router.get("/steps/{step_id}", response_class=HTMLResponse)
+async def step_page(request: Request, step_id: str, caller: UiCaller) -> HTMLResponse:
+    """A step: its input and schema, each attempt (prompt fed back, replies), the
+    deliverable rendered from the schema, the error, and the handoff with time left.
+    404 ``step_not_found``, 403 without the viewer role (the API's own checks)."""
+
+    def read() -> tuple[dict[str, Any], StepRow, list[dict[str, Any]]]:
+        with session_scope(request.app.state.engine) as s:
+            get_step(step_id, s, caller)  # the API's 404 / 403
+            row = s.get(StepRow, step_id)
+            assert row is not None
+            s.expunge(row)
+            messages = get_step_transcript(step_id, s, caller).model_dump(mode="json")
+            return ui_steps.step_card(row), row, messages["messages"]
+
+    card, row, messages = await asyncio.to_thread(read)
+    await ui_steps.add_deadlines(await _temporal(request, [card]), [card])
+    return _page(
+        request,
+        "step.html",
+        caller,
+        step=card,
+        input=row.input,
+        schema=json.dumps(row.output_schema, indent=2) if row.output_schema else None,
+        fields=ui_steps.deliverable_fields(row.output_schema, row.deliverable),
+        deliverable_json=json.dumps(row.deliverable, indent=2, ensure_ascii=False),
+        attempts=ui_steps.attempts_view(messages),
+    )
+
+
+@router.get("/agents/{slug}", response_class=HTMLResponse)
+def agent_page(
+    request: Request,
+    slug: str,
+    caller: UiCaller,
+    a: Annotated[str, Query(pattern=r"^$|^(draft|[1-9][0-9]{0,8})$")] = "",
+    b: Annotated[str, Query(pattern=r"^$|^(draft|[1-9][0-9]{0,8})$")] = "",
+    fmt: Annotated[str, Query(pattern=r"^(yaml|json)$")] = "yaml",
+) -> HTMLResponse:
+    """An agent (seed 004): identity, the live revision, every published revision
+    (version, digest, published at, live marker) with Roll back to / Restore into draft,
+    a diff between revisions ``a`` and ``b`` (a version or ``draft``; default: live
+    against the draft), and the draft editor (``fmt`` yaml | json) with Publish and
+    Retire. Reads through the API's functions (404 ``agent_not_found``, 403)."""
+    with session_scope(request.app.state.engine) as s:
+        public = get_agent(slug, s, caller)
+        agent = public.model_dump(mode="json")
+        # Specs as the editor and the diff show them: only what differs from the defaults.
+        agent["draft"] = public.draft.model_dump(mode="json", exclude_defaults=True)
+        revisions = []
+        for rev in list_revisions(slug, s, caller).data:
+            revisions.append(rev.model_dump(mode="json"))
+            revisions[-1]["spec"] = rev.spec.model_dump(mode="json", exclude_defaults=True)
+        can_edit = caller.has(s, slug, "owner")
+        teams_, _ = teams.list_teams(s, limit=200, offset=0, visible=caller.visible(s))
+        evals = eval_routes.list_evals(slug, s, caller, limit=AGENT_EVALS, offset=0)
+    specs: dict[str, dict[str, Any]] = {str(r["version"]): r["spec"] for r in revisions}
+    specs["draft"] = agent["draft"]
+    live = str(agent["live_version"]) if agent["live_version"] else None
+    old = a or live or (str(revisions[-1]["version"]) if revisions else "draft")
+    new = b or "draft"
+    diff = None
+    if old in specs and new in specs:
+        label = {k: (f"v{k}" if k != "draft" else "draft") for k in specs}
+        diff = ui_agents.diff_lines(
+            ui_agents.spec_text(specs[old]), ui_agents.spec_text(specs[new]), label[old], label[new]
+        )
+    return _page(
+        request,
+        "agent.html",
+        caller,
+        agent=agent,
+        revisions=revisions,
+        can_edit=can_edit,
+        diff=diff,
+        diff_a=old,
+        diff_b=new,
+        fmt=fmt,
+        draft_text=ui_agents.spec_text(agent["draft"], fmt),
+        teams=[t for t in teams_ if any(m.agent_id == slug for m in t.members)],
+        evals=[e.model_dump(mode="json") for e in evals.data],
+        evals_count=evals.count,
+    )
+
+
+@router.get("/agents/{slug}/evals/{eval_id}", response_class=HTMLResponse)
+def eval_page(request: Request, slug: str, eval_id: str, caller: UiCaller) -> HTMLResponse:
+    """An eval (docs/change-safely.md, The comparison): its totals, a table of its
+    sessions, and per session the baseline's and the candidate's final answers side by
+    side with the differing words marked, their tool sequences and cross-agent
+    decisions. While it runs the page follows ``GET /v1/agents/{slug}/evals/{id}``.
+    Reads through the API's function (404 ``eval_not_found``, 403)."""
+    with session_scope(request.app.state.engine) as s:
+        found = eval_routes.get_eval(slug, eval_id, s, caller)
+    report = found.report or {}
+    return _page(
+        request,
+        "eval.html",
+        caller,
+        ev=found.model_dump(mode="json", exclude={"report"}),
+        totals=report.get("totals") or {},
+        sessions=ui_evals.session_views(report),
+    )
+
+
+@router.post("/spec/parse")
+def parse_spec(
+    text: Annotated[str, Body(max_length=ui_agents.MAX_SPEC_CHARS)],
+    fmt: Annotated[str, Body(alias="format", pattern=r"^(yaml|json)$")],
+    _caller: UiCaller,
+) -> dict[str, Any]:
+    """``{text, format}`` → ``{spec}``: the draft editor's text as JSON, for the browser
+    to send to ``PUT /v1/agents/{slug}/draft`` (which validates it). No side effect.
+    422 ``invalid_spec_text`` (with ``line``) when it does not parse."""
+    return {"spec": ui_agents.parse_spec_text(text, fmt)}
+
+
+@router.get("/teams/{team_id}", response_class=HTMLResponse)
+def team_page(request: Request, team_id: str, caller: UiCaller) -> HTMLResponse:
+    """A team: its lead (the supervisor), members with their roles and hints, its routes
+    and shared channel. 404 ``team_not_found`` for a missing or hidden team."""
+    with session_scope(request.app.state.engine) as s:
+        team = get_team(team_id, s, caller).model_dump()
+    return _page(request, "team.html", caller, team=team)
+
+
+@router.get("/agents/{slug}/policies", response_class=HTMLResponse)
+def policies_page(request: Request, slug: str, caller: UiCaller) -> HTMLResponse:
+    """An agent's cross-agent permissions (Gamut X-Agent Policies, 'Managing policies in
+    settings'): the three global toggles and one row per other agent the user can see
+    (Read sessions, Send messages; "default" = no stored policy), with a search box.
+    The page reads through ``GET /v1/agents/{slug}/policies`` (its 404 / 403 and its
+    hiding of targets the user cannot see) and saves through ``PUT``; in auth mode only
+    an owner of the agent may save (the page says so and leaves the controls off)."""
+    with session_scope(request.app.state.engine) as s:
+        agent = get_agent(slug, s, caller)
+        current = get_policies(slug, s, caller).model_dump(mode="json", by_alias=True)
+        agents, _ = _catalog(s, caller)
+        can_edit = caller.has(s, slug, "owner")
+    rows = [
+        {
+            "slug": a["slug"],
+            "name": a["name"],
+            "read": current["targets"].get(a["slug"], {}).get("read", "review"),
+            "invoke": current["targets"].get(a["slug"], {}).get("invoke", "review"),
+        }
+        for a in agents
+        if a["slug"] != slug and a["kind"] != "ambassador"
+    ]
+    return _page(
+        request,
+        "policies.html",
+        caller,
+        agent=agent.model_dump(mode="json"),
+        policies=current,
+        rows=rows,
+        can_edit=can_edit,
+    )
+
+
+_SLUG_OR_ANY = r"^$|^[a-z0-9][a-z0-9-]{0,62}$"
+_OUTCOME_OR_ANY = "^$|^(" + "|".join(ui_audit.OUTCOMES) + ")$"
+_VIA_OR_ANY = "^$|^(" + "|".join(ui_audit.VIAS) + ")$"
+
+
+@router.get("/audit", response_class=HTMLResponse)
+def audit_page(
+    request: Request,
+    caller: UiCaller,
+    agent: Annotated[str, Query(pattern=_SLUG_OR_ANY)] = "",
+    target: Annotated[str, Query(pattern=_SLUG_OR_ANY)] = "",
+    outcome: Annotated[str, Query(pattern=_OUTCOME_OR_ANY)] = "",
+    via: Annotated[str, Query(pattern=_VIA_OR_ANY)] = "",
+    session_id: Annotated[str, Query(pattern=r"^$|^session-[0-9a-f-]{36}$")] = "",
+    review_id: Annotated[str, Query(pattern=r"^$|^review-[0-9a-f-]{36}$")] = "",
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+) -> HTMLResponse:
+    """The audit log, newest first, filtered by agent (caller), target, outcome and via
+    (and a session or review, as the review cards link), :data:`api.ui.audit.PAGE` rows a
+    page; a bad filter is the API's 422 ``validation_error``."""
+    filters = {
+        "agent": agent,
+        "target": target,
+        "outcome": outcome,
+        "via": via,
+        "session_id": session_id,
+        "review_id": review_id,
+    }
+    with session_scope(request.app.state.engine) as s:
+        view = ui_audit.audit_view(s, caller, filters=filters, offset=offset)
+        agents, _ = _catalog(s, caller)
+    return _page(
+        request,
+        "audit.html",
+        caller,
+        view=view,
+        filters=filters,
+        agents=[a["slug"] for a in agents],
+        outcomes=ui_audit.OUTCOMES,
+        vias=ui_audit.VIAS,
     )
 
 

@@ -14,6 +14,10 @@ Each agent is created if missing, its name/description and draft updated, then
 published; agents are published in dependency order (a base before the agents
 that extend or reference it). Publishing an unchanged draft creates nothing, so
 applying the same file twice changes nothing the second time.
+
+`baton apply` sends these steps to the API (``cli/agents.py``); :func:`apply_agents`
+runs them on a database session in one transaction (`baton apply --direct-db`). Both
+check the file first with :func:`check_file` and publish in :func:`publish_order`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from baton.agents import registry, teams
 from baton.agents.schemas import AgentCreate
 from baton.agents.spec import parse_ref
 from baton.agents.teams import TeamIn
+from baton.contracts.evals import PublishGate
 from baton.errors import (
     AgentNotFound,
     BatonError,
@@ -51,13 +56,18 @@ Change = Literal["created", "published", "updated", "unchanged"]
 
 
 class ApplyResult(BaseModel):
-    """What applying one agent did: ``created`` (new agent, version 1), ``published``
-    (new revision), ``updated`` (name, description or draft changed; no new revision),
-    ``unchanged``."""
+    """What applying one agent or team did: ``created`` (new agent at version 1, or new
+    team), ``published`` (new revision), ``updated`` (name, description or draft changed
+    and no new revision; a changed team), ``unchanged``.
+
+    ``version`` is the agent's live version; a team has none (None) and ``pins`` lists
+    the revisions a run of it launched now would use (``slug@version`` per member).
+    """
 
     slug: str
-    version: int
+    version: int | None
     change: Change
+    pins: list[str] = Field(default_factory=list)
 
 
 class ApplyFileError(BatonError):
@@ -121,7 +131,7 @@ def _in_file_extends_cycle(items: list[AgentCreate]) -> None:
             current = items[index[base]]
 
 
-def _publish_order(items: list[AgentCreate]) -> list[AgentCreate]:
+def publish_order(items: list[AgentCreate]) -> list[AgentCreate]:
     """Items ordered so that in-file references come first; stable, cycles left in file order."""
     by_slug = {item.slug: item for item in items}
     deps = {
@@ -139,27 +149,45 @@ def _publish_order(items: list[AgentCreate]) -> list[AgentCreate]:
     return [by_slug[s] for s in done]
 
 
+def locate(path: str | None, index: int) -> str:
+    """Where an error about ``agents[index]`` (``path`` relative to its spec) stands in
+    the file: ``agents[1].spec.extends``, or ``agents[1]`` without a path."""
+    where = f"agents[{index}]"
+    return f"{where}.spec.{path}" if path else where
+
+
 def _locate(exc: BatonError, index: int, slug: str) -> BatonError:
     """Prefix a registry error with where the agent stands in the file."""
-    where = f"agents[{index}]"
-    exc.path = f"{where}.spec.{exc.path}" if exc.path else where
+    exc.path = locate(exc.path, index)
     exc.detail = f"{slug}: {exc.detail}"
     return exc
 
 
-def apply_agents(session: Session, *, doc: ApplyFile) -> list[ApplyResult]:
-    """Create/update drafts and publish every agent in ``doc``; results in publish order.
-
-    Flushes only: the caller commits, so a failure anywhere writes nothing.
-    Raises ApplyFileError for duplicate slugs, InheritanceCycle for an extends
-    cycle within the file, or any registry error located at ``agents[i]``.
-    """
+def check_file(doc: ApplyFile) -> None:
+    """What can be refused from the file alone, before anything is written: a slug
+    listed twice (ApplyFileError) and an ``extends`` cycle among the file's own agents
+    (InheritanceCycle), each at its place in the file."""
     seen: set[str] = set()
     for i, item in enumerate(doc.agents):
         if item.slug in seen:
             raise ApplyFileError(f"agent '{item.slug}' appears twice", path=f"agents[{i}].slug")
         seen.add(item.slug)
     _in_file_extends_cycle(doc.agents)
+
+
+def apply_agents(
+    session: Session, *, doc: ApplyFile, default_gate: PublishGate | None = None
+) -> list[ApplyResult]:
+    """Create/update drafts and publish every agent in ``doc``; results in publish order.
+    A changed agent under a publish gate (its spec's, else ``default_gate``:
+    ``BATON_PUBLISH_GATE``) needs a completed eval of its draft as the API's publish does
+    (:func:`baton.agents.registry.publish`); the file cannot name one.
+
+    Flushes only: the caller commits, so a failure anywhere writes nothing.
+    Raises ApplyFileError for duplicate slugs, InheritanceCycle for an extends
+    cycle within the file, or any registry error located at ``agents[i]``.
+    """
+    check_file(doc)
     index = {item.slug: i for i, item in enumerate(doc.agents)}
     changes: dict[str, Change] = {}
     for i, item in enumerate(doc.agents):
@@ -168,9 +196,9 @@ def apply_agents(session: Session, *, doc: ApplyFile) -> list[ApplyResult]:
         except BatonError as exc:
             raise _locate(exc, i, item.slug) from exc
     results = []
-    for item in _publish_order(doc.agents):
+    for item in publish_order(doc.agents):
         try:
-            rev, published = registry.publish(session, slug=item.slug)
+            rev, published = registry.publish(session, slug=item.slug, default_gate=default_gate)
         except BatonError as exc:
             raise _locate(exc, index[item.slug], item.slug) from exc
         change = changes[item.slug]
@@ -188,8 +216,15 @@ def apply_agents(session: Session, *, doc: ApplyFile) -> list[ApplyResult]:
             stored.model_dump(exclude={"created_at", "updated_at"})
         )
         team_change: Change = "created" if created else "unchanged" if same else "updated"
-        results.append(ApplyResult(slug=f"team:{team.id}", version=0, change=team_change))
+        pins = [f"{m.agent_id}@{_live(session, m.agent_id)}" for m in team.members]
+        results.append(
+            ApplyResult(slug=f"team:{team.id}", version=None, change=team_change, pins=pins)
+        )
     return results
+
+
+def _live(session: Session, slug: str) -> int | None:
+    return registry.to_public(session, registry.get_agent(session, slug=slug)).live_version
 
 
 def _existing_team(session: Session, team_id: str) -> teams.TeamPublic | None:

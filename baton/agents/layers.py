@@ -5,14 +5,16 @@ against the database and publish-time validation against the database plus the
 candidate draft. Rules (Xema Agent Concepts, 'Inheritance' and 'What bounds a tree'; the
 merge rules are Baton's and are documented in docs/agents.md, 'Resolution rules'):
 
-- ``extends`` is walked derived → base. A revisit is ``inheritance_cycle``;
-  more than ``MAX_INHERITANCE_LINKS`` (32) links is ``inheritance_too_deep``.
+- ``extends`` is walked derived → base: a published revision's chain is the pins it
+  recorded (``LoadedRevision.extends_pins``), a draft's follows the live pointers. A
+  revisit is ``inheritance_cycle``; more than ``MAX_INHERITANCE_LINKS`` (32) links is
+  ``inheritance_too_deep``.
 - Values are folded base → derived: ``prompt_mode`` append joins base and derived
   prompts with a blank line, replace keeps the derived prompt only; model and
   playbook: the most derived value set; skills and tools: ordered union;
   ``allowed_tools``: intersection (null = no envelope); ``blocked_tools``: union;
   limits: the minimum of the values set; ``workspace_sharing``: isolated wins;
-  ``kind``: the most derived value set, else ``agent`` (issue 15).
+  ``kind``: the most derived value set, else ``agent``.
 - Narrowing only: a derived agent or a subagent node can never use a tool its
   base or its parent's envelope does not allow, nor one they block.
 - Subagents: base nodes then derived nodes, then the tree bounds apply to the
@@ -32,7 +34,7 @@ from baton.agents.spec import (
     check_tree_shape,
     with_paths,
 )
-from baton.contracts import (
+from baton.contracts.values import (
     McpServerRef,
     ResolvedAgent,
     ResolvedDelegation,
@@ -52,6 +54,11 @@ class LoadedRevision:
     spec: AgentSpec
     name: str = ""
     description: str = ""
+    #: The ``extends`` chain this revision was published against, as pins, nearest base
+    #: first (``["mid@2", "base@3"]``; ``()`` = extends nothing). None = not pinned: a
+    #: candidate draft, or a revision migrated without a resolvable chain; such a chain
+    #: follows the live pointers.
+    extends_pins: tuple[str, ...] | None = None
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -91,7 +98,7 @@ class _Intrinsic:
     kind: Literal["agent", "ambassador"] | None = None
     nodes: list[tuple[SubagentNode, str]] = field(default_factory=list)
     chain: list[str] = field(default_factory=list)
-    #: Issue 13: MCP servers of the chain by name, the derived agent's winning.
+    #: MCP servers of the chain by name, the derived agent's winning.
     mcp_servers: dict[str, McpServerRef] = field(default_factory=dict)
 
     def usable_tools(self, envelope: _Envelope) -> list[str]:
@@ -192,12 +199,24 @@ class Resolver:
             ) from exc
 
     def chain(self, rev: LoadedRevision, path: str = "extends") -> list[LoadedRevision]:
-        """``rev`` and its bases, derived first. Raises InheritanceCycle / InheritanceTooDeep."""
+        """``rev`` and its bases, derived first. Raises InheritanceCycle / InheritanceTooDeep.
+
+        A published revision's chain is its own ``extends_pins`` (the bases as they were
+        when it was published; the bases' own ``extends`` and pins are not read), so a
+        base that publishes again changes nothing here (Xema Agent Concepts, 'Agent
+        references': compile to immutable pins). A revision without pins (a draft being
+        published) walks each ``extends`` through the lookup: bare slugs follow the live
+        pointers at every link.
+        """
         chain = [rev]
         seen = {rev.key}
         current = rev
-        while current.spec.extends:
-            base = self._load(current.spec.extends, path)
+        pins = iter(rev.extends_pins) if rev.extends_pins is not None else None
+        while True:
+            ref = current.spec.extends if pins is None else next(pins, None)
+            if not ref:
+                break
+            base = self._load(ref, path)
             if base.key in seen:
                 cycle = " -> ".join([r.pin for r in chain] + [base.pin])
                 raise InheritanceCycle(f"extends chain forms a cycle: {cycle}", path=path)

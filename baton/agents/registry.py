@@ -9,13 +9,15 @@ transaction (docs/agents.md; Xema Agent Concepts, 'Identity, drafts, revisions, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from sqlalchemy import func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from baton.agents import gate as evals_gate
 from baton.agents.layers import LoadedRevision, Lookup, Resolver
-from baton.agents.schemas import AgentPublic, RevisionPublic
+from baton.agents.schemas import AgentPublic, BasePin, RevisionPublic
 from baton.agents.spec import (
     AgentSpec,
     check_tree_shape,
@@ -24,7 +26,8 @@ from baton.agents.spec import (
     spec_digest,
     with_paths,
 )
-from baton.contracts import CLOSED_STATUSES, ResolvedAgent, ResolvedNode
+from baton.contracts.evals import PublishGate
+from baton.contracts.values import CLOSED_STATUSES, ResolvedAgent, ResolvedNode
 from baton.errors import (
     AgentExists,
     AgentInUse,
@@ -123,14 +126,19 @@ def _revision(session: Session, agent: Agent, version: int) -> AgentRevision:
 
 
 def to_public(session: Session, agent: Agent) -> AgentPublic:
-    """The API view of ``agent``."""
+    """The API view of ``agent``, with where its live revision's bases stand
+    (:func:`base_pins`)."""
+    live = _live_version(session, agent)
+    bases = base_pins(session, agent=agent, version=live) if live is not None else []
     return AgentPublic(
         slug=agent.slug,
         name=agent.name,
         description=agent.description,
-        live_version=_live_version(session, agent),
+        live_version=live,
         draft=AgentSpec.model_validate(_draft(session, agent).spec),
         retired=agent.retired,
+        bases=bases,
+        base_update_available=any(b.live != b.pinned for b in bases),
         created_at=agent.created_at,
         updated_at=agent.updated_at,
     )
@@ -143,8 +151,33 @@ def revision_public(agent: Agent, rev: AgentRevision) -> RevisionPublic:
         version=rev.version,
         digest=rev.digest,
         spec=AgentSpec.model_validate(rev.spec),
+        extends_pins=rev.extends_pins,
+        eval_id=rev.eval_id,
         published_at=rev.published_at,
     )
+
+
+def _pins_of(chain: list[LoadedRevision]) -> list[str]:
+    """The bases of a resolved chain (derived first) as pins: what a publish records."""
+    return [base.pin for base in chain[1:]]
+
+
+def base_pins(session: Session, *, agent: Agent, version: int) -> list[BasePin]:
+    """Where the bases of revision ``version`` of ``agent`` stand: one :class:`BasePin`
+    per link of its pinned ``extends`` chain, nearest first, ``pinned`` = the version it
+    resolves, ``live`` = the version :func:`rebase` would pin now (None when a rebased
+    chain would no longer contain that agent, or no longer resolves). A view: it never
+    fails on the chain itself. Raises RevisionNotFound."""
+    rev = _loaded(agent, _revision(session, agent, version))
+    if not rev.extends_pins:
+        return []
+    try:
+        rebased = Resolver(db_lookup(session)).chain(replace(rev, extends_pins=None))
+        now = {base.slug: base.version for base in rebased[1:]}
+    except BatonError:
+        now = {}
+    pinned = [parse_ref(pin) for pin in rev.extends_pins]
+    return [BasePin(agent=slug, pinned=v or 0, live=now.get(slug)) for slug, v in pinned]
 
 
 def references(spec: AgentSpec, prefix: str = "") -> list[auth.Reference]:
@@ -152,7 +185,7 @@ def references(spec: AgentSpec, prefix: str = "") -> list[auth.Reference]:
 
     ``extends`` needs :data:`baton.grants.auth.EXTENDS_ROLE` (viewer), every subagent
     node's ``agent``, at any depth, :data:`baton.grants.auth.SUBAGENT_ROLE` (user); paths
-    are under ``prefix`` (``spec.`` for a create body). Issue 10, item 4.
+    are under ``prefix`` (``spec.`` for a create body).
     """
     refs = []
     if spec.extends:
@@ -187,7 +220,7 @@ def slug_taken(session: Session, *, slug: str, auth: bool) -> str | None:
     Taken: an agent has it; or, in auth mode, sessions of a deleted agent still
     carry it (a step's transcript row included). Whoever created the slug again
     would become the owner of that history: its sessions, transcripts, reviews
-    and audit rows (issue 10, item 3; the ACL of Gamut X-Agent Policies, 'Auth mode
+    and audit rows (the ACL of Gamut X-Agent Policies, 'Auth mode
     considerations', follows the slug). With auth off there is one user, who
     already sees that history, so only an existing agent takes a slug. Every
     creation path (the API, the ``create_agent`` tool) asks this one function.
@@ -304,6 +337,7 @@ def _loaded(agent: Agent, rev: AgentRevision) -> LoadedRevision:
         spec=AgentSpec.model_validate(rev.spec),
         name=agent.name,
         description=agent.description,
+        extends_pins=tuple(rev.extends_pins) if rev.extends_pins is not None else None,
     )
 
 
@@ -343,7 +377,7 @@ def resolve_agent(session: Session, *, ref: str, user: str | None = None) -> Res
     user holds viewer on every agent whose content it folds in
     (:func:`shown_references`): refused rather than redacted, because the folded
     fields (prompt, playbook, tools, skills, limits) mix every layer and cannot
-    be split without telling what the hidden layer holds. Issue 10, item 4.
+    be split without telling what the hidden layer holds.
     """
     agent, rev = resolve_ref(session, ref=ref)
     lookup = db_lookup(session)
@@ -355,8 +389,27 @@ def resolve_agent(session: Session, *, ref: str, user: str | None = None) -> Res
     return resolved
 
 
+def resolve_draft(session: Session, *, slug: str) -> ResolvedAgent:
+    """The effective configuration of ``slug``'s mutable draft (version 0, pin
+    ``slug@draft``), its bases followed through their live pointers, as :func:`publish`
+    would validate it. Only the authoring sandbox runs it (docs/change-safely.md, Fork a
+    session): runtime resolution never does. Raises AgentNotFound and the resolver's
+    InvalidSpec errors for a draft that does not resolve."""
+    agent = get_agent(session, slug=slug)
+    spec = AgentSpec.model_validate(_draft(session, agent).spec)
+    candidate = LoadedRevision(
+        slug=agent.slug,
+        version=None,
+        digest=spec_digest(spec),
+        spec=spec,
+        name=agent.name,
+        description=agent.description,
+    )
+    return Resolver(_as_live_lookup(session, agent, candidate)).resolve(candidate)
+
+
 def is_ambassador(session: Session, *, slug: str, live: ResolvedAgent | None = None) -> bool:
-    """Whether the live revision of ``slug`` resolves to ``kind: ambassador`` (issue 15);
+    """Whether the live revision of ``slug`` resolves to ``kind: ambassador``;
     False for an agent that does not resolve (its own refusal applies then). ``live``:
     that resolution, when the caller has just made it (it is not made again)."""
     try:
@@ -427,7 +480,7 @@ def _live_graph(session: Session) -> dict[str, tuple[Agent, AgentRevision, set[s
         agent.slug: (
             agent,
             rev,
-            {parse_ref(r)[0] for r in AgentSpec.model_validate(rev.spec).references()},
+            {parse_ref(r)[0] for r in _named(rev)},
         )
         for agent, rev in rows
     }
@@ -435,11 +488,13 @@ def _live_graph(session: Session) -> dict[str, tuple[Agent, AgentRevision, set[s
 
 def _validate_as_live(
     session: Session, agent: Agent, candidate: LoadedRevision, user: str | None
-) -> None:
-    """Validate ``candidate`` and every live agent that depends on it, transitively.
+) -> list[str]:
+    """Validate ``candidate`` and every live agent that depends on it, transitively;
+    returns the candidate's ``extends`` chain as pins (what a publish records).
 
-    A base that changes under live derived agents could otherwise push them past
-    a bound (duplicate alias, tree size, chain length) or into a cycle. Raises the
+    Derived agents resolve through their pinned bases, so a base's change reaches
+    them only when they are rebased (validated then); the check still covers every
+    reference that follows a live pointer (a subagent's bare slug). Raises the
     InvalidSpec of the first failure; for a dependent, naming it in ``dependent``.
 
     With ``user`` (auth mode), before anything resolves, the candidate's own
@@ -453,6 +508,7 @@ def _validate_as_live(
     check_tree_shape(with_paths(candidate.spec.subagents))
     resolver = Resolver(_as_live_lookup(session, agent, candidate))
     resolver.resolve(candidate)
+    pins = _pins_of(resolver.chain(candidate))
     if user is not None:
         inherited = [
             ref
@@ -479,6 +535,7 @@ def _validate_as_live(
         except InvalidSpec as exc:
             msg = f"this change would break live agent {pin}: {exc.detail}"
             raise type(exc)(msg, path=exc.path, dependent=pin) from exc
+    return pins
 
 
 def _set_live(session: Session, agent: Agent, version: int) -> None:
@@ -491,48 +548,162 @@ def _set_live(session: Session, agent: Agent, version: int) -> None:
     session.add_all([pointer, agent])
 
 
-def publish(session: Session, *, slug: str, user: str | None = None) -> tuple[AgentRevision, bool]:
-    """Publish the draft: validate, store revision N+1, move the live pointer.
+def publish(
+    session: Session,
+    *,
+    slug: str,
+    user: str | None = None,
+    eval_id: str | None = None,
+    default_gate: PublishGate | None = None,
+) -> tuple[AgentRevision, bool]:
+    """Publish the draft: validate, pass the publish gate, store revision N+1 with its
+    pinned bases and the eval it passed, move the live pointer.
 
-    Returns ``(revision, created)``; ``created`` is False when the draft is
-    identical (same digest) to the live revision, and nothing is written.
-    Publishing a retired agent brings it back. With ``user`` (auth mode) the
-    references are ACL-checked (see :func:`_validate_as_live`). Raises
-    AgentNotFound, Forbidden or any InvalidSpec (400) from
-    :func:`baton.agents.layers.Resolver.resolve`.
+    The draft follows the bases' live revisions (it is the authoring sandbox); the
+    revision records the ``extends`` chain it resolved as ``extends_pins``, and resolves
+    through those pins from then on (Xema Agent Concepts, 'Agent references'). Returns
+    ``(revision, created)``; ``created`` is False when the draft is identical (same
+    digest) to the live revision and resolves to the same bases, and nothing is
+    written. Publishing a retired agent brings it back. With ``user`` (auth mode) the
+    references are ACL-checked (see :func:`_validate_as_live`).
+
+    The publish gate (docs/change-safely.md, 'The publish gate'; :func:`gate_in_force`,
+    ``default_gate`` being ``BATON_PUBLISH_GATE``) needs an eval of this draft that
+    meets it: ``eval_id``, else the newest completed one
+    (:func:`baton.evals.gate.passing_eval`); the new revision records its id. Raises
+    AgentNotFound, Forbidden, any InvalidSpec (400) from
+    :func:`baton.agents.layers.Resolver.resolve`, EvalNotFound (404), EvalRequired or
+    EvalFailed (409).
     """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     spec = AgentSpec.model_validate(_draft(session, agent).spec)
+    return _publish_spec(session, agent, spec, user, gate=_GateCall(eval_id, default_gate))
+
+
+def rebase(session: Session, *, slug: str, user: str | None = None) -> tuple[AgentRevision, bool]:
+    """Publish the live revision's spec again, pinned to its bases' live revisions now.
+
+    The explicit way to follow a newer base (a published revision never does by itself):
+    the same path, validation and ACL as :func:`publish`, so a user who lost viewer on
+    a base can no longer take in its new content (403 ``forbidden``). The draft is not
+    read or changed. Returns ``(revision, created)``; ``created`` is False (nothing
+    written) when the bases' live revisions are the pinned ones. Raises AgentNotFound,
+    AgentRetired, AgentNotPublished, Forbidden, InvalidSpec.
+    """
+    lock_registry(session)
+    agent = get_agent(session, slug=slug, for_update=True)
+    live = _live_version(session, agent)
+    if live is None:
+        if agent.retired:
+            raise AgentRetired(f"agent '{slug}' is retired; publish or roll back to use it again")
+        raise AgentNotPublished(f"agent '{slug}' has no published revision to rebase")
+    spec = AgentSpec.model_validate(_revision(session, agent, live).spec)
+    return _publish_spec(session, agent, spec, user, gate=None)
+
+
+@dataclass(frozen=True)
+class _GateCall:
+    """What a draft publish brings to the gate: the eval named, the deployment's gate."""
+
+    eval_id: str | None
+    default: PublishGate | None
+
+
+def _nearest_gate(chain: list[LoadedRevision]) -> PublishGate | None:
+    """The ``publish_gate`` of the nearest layer of ``chain`` (derived first) that sets one."""
+    return next((r.spec.publish_gate for r in chain if r.spec.publish_gate), None)
+
+
+def gate_in_force(
+    session: Session, agent: Agent, candidate: LoadedRevision, default: PublishGate | None
+) -> PublishGate | None:
+    """The publish gate the draft ``candidate`` of ``agent`` must pass (docs/change-safely.md,
+    'The publish gate'); None = publishing is not gated.
+
+    Each of the latest published revision and the draft has a gate: its own
+    ``publish_gate``, else the nearest base's in its ``extends`` chain (the revision's
+    pins; the draft's bases through their live pointers), else ``default``
+    (``BATON_PUBLISH_GATE``). Both apply (:meth:`PublishGate.stricter`): a draft can
+    tighten its gate at once but loosen or drop it only by passing the one in force. The
+    first publish is never gated: before it no session of the agent exists to replay."""
+    latest = session.exec(
+        select(AgentRevision)
+        .where(AgentRevision.agent_id == _id(agent))
+        .order_by(col(AgentRevision.version).desc())
+        .limit(1)
+    ).first()
+    if latest is None:
+        return None
+    published = _nearest_gate(Resolver(db_lookup(session)).chain(_loaded(agent, latest))) or default
+    drafted = (
+        _nearest_gate(Resolver(_as_live_lookup(session, agent, candidate)).chain(candidate))
+        or default
+    )
+    if published is None or drafted is None:
+        return published or drafted
+    return published.stricter(drafted)
+
+
+def _publish_spec(
+    session: Session, agent: Agent, spec: AgentSpec, user: str | None, *, gate: _GateCall | None
+) -> tuple[AgentRevision, bool]:
+    """Publish ``spec`` as ``agent``'s next revision (the registry lock is held): the one
+    path of :func:`publish` and :func:`rebase`. ``gate`` None: not a draft (a rebase
+    republishes a spec that was published already), so no publish gate applies."""
     digest = spec_digest(spec)
+    candidate = LoadedRevision(
+        slug=agent.slug,
+        version=None,
+        digest=digest,
+        spec=spec,
+        name=agent.name,
+        description=agent.description,
+    )
     live = _live_version(session, agent)
     if live is not None:
         current = _revision(session, agent, live)
-        if current.digest == digest:
+        if current.digest == digest and current.extends_pins == _chain_pins(
+            session, agent, candidate
+        ):
             return current, False
-    _validate_as_live(
-        session,
-        agent,
-        LoadedRevision(
-            slug=slug,
-            version=None,
-            digest=digest,
-            spec=spec,
-            name=agent.name,
-            description=agent.description,
-        ),
-        user,
-    )
+    pins = _validate_as_live(session, agent, candidate, user)
+    passed = None
+    if gate is not None:
+        in_force = gate_in_force(session, agent, candidate, gate.default)
+        if in_force is not None:
+            passed = evals_gate.passing_eval(
+                session,
+                slug=agent.slug,
+                digest=digest,
+                gate=in_force,
+                eval_id=gate.eval_id,
+                user=user,
+            ).id
     latest = session.exec(
         select(func.max(AgentRevision.version)).where(AgentRevision.agent_id == _id(agent))
     ).one()
     rev = AgentRevision(
-        agent_id=_id(agent), version=int(latest or 0) + 1, digest=digest, spec=_dump(spec)
+        agent_id=_id(agent),
+        version=int(latest or 0) + 1,
+        digest=digest,
+        spec=_dump(spec),
+        extends_pins=pins,
+        eval_id=passed,
     )
     session.add(rev)
     _set_live(session, agent, rev.version)
-    _flush(session, f"publishing '{slug}'")
+    _flush(session, f"publishing '{agent.slug}'")
     return rev, True
+
+
+def _chain_pins(session: Session, agent: Agent, candidate: LoadedRevision) -> list[str] | None:
+    """The bases ``candidate`` would be pinned to now, or None when its chain does not
+    resolve (the full validation then says why)."""
+    try:
+        return _pins_of(Resolver(_as_live_lookup(session, agent, candidate)).chain(candidate))
+    except BatonError:
+        return None
 
 
 def list_revisions(session: Session, *, slug: str) -> list[AgentRevision]:
@@ -608,8 +779,14 @@ def dependents(session: Session, *, slug: str, live_only: bool = True) -> list[s
     return [
         f"{agent.slug}@{rev.version}"
         for agent, rev in rows
-        if any(parse_ref(r)[0] == slug for r in AgentSpec.model_validate(rev.spec).references())
+        if any(parse_ref(r)[0] == slug for r in _named(rev))
     ]
+
+
+def _named(rev: AgentRevision) -> list[str]:
+    """Every reference of a revision: its spec's, and its pinned bases (a base further
+    down the chain than the spec names, whose retire or delete would break it too)."""
+    return [*AgentSpec.model_validate(rev.spec).references(), *(rev.extends_pins or [])]
 
 
 def teams_using(session: Session, *, slug: str) -> list[str]:

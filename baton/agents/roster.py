@@ -11,7 +11,7 @@ import time
 
 from sqlmodel import Session, col, select
 
-from baton.contracts import TeamSnapshot
+from baton.contracts.values import TeamSnapshot
 from baton.storage.db import Agent, AgentLivePointer
 
 #: The roster is read on every delegating model call: keep it for a few seconds.

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from baton.agents.spec import AgentSpec, SafeText, Slug
+from baton.contracts.evals import EVAL_ID_PATTERN
 
 #: Versions fit a PostgreSQL integer with room to spare (and a 9-digit `slug@N`).
 MAX_VERSION = 999_999_999
@@ -24,6 +25,19 @@ class Page(BaseModel, Generic[T]):
 
     data: list[T]
     count: int = Field(ge=0, description="Total matching items, before limit/offset.")
+
+
+class CursorPage(Page[T], Generic[T]):
+    """A list paged by cursor: ``{"data": [...], "count": N, "next_cursor": "…"}``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"data": [], "count": 0, "next_cursor": None}]}
+    )
+
+    next_cursor: str | None = Field(
+        default=None,
+        description="Pass as `cursor` for the next page; null on the last page.",
+    )
 
 
 class AgentCreate(BaseModel):
@@ -60,8 +74,24 @@ class AgentUpdate(BaseModel):
     description: SafeText | None = Field(default=None, max_length=2000)
 
 
+class BasePin(BaseModel):
+    """One base in the live revision's pinned ``extends`` chain (docs/agents.md, 'Pinned
+    bases')."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"agent": "base", "pinned": 1, "live": 2}]}
+    )
+
+    agent: str = Field(description="The base agent's slug.")
+    pinned: int = Field(ge=1, description="The revision of it the live revision resolves.")
+    live: int | None = Field(
+        description="The revision `rebase` would pin now; null = a rebase would no longer "
+        "extend this agent (or the chain no longer resolves)."
+    )
+
+
 class AgentPublic(BaseModel):
-    """An agent: identity, draft and where the live pointer is."""
+    """An agent: identity, draft, where the live pointer is and whether its bases moved."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -71,8 +101,10 @@ class AgentPublic(BaseModel):
                     "name": "Researcher",
                     "description": "Finds and cites sources.",
                     "live_version": 2,
-                    "draft": {"system_prompt": "You research questions."},
+                    "draft": {"system_prompt": "You research questions.", "extends": "base"},
                     "retired": False,
+                    "bases": [{"agent": "base", "pinned": 1, "live": 2}],
+                    "base_update_available": True,
                     "created_at": "2026-11-29T12:00:00Z",
                     "updated_at": "2026-11-29T12:05:00Z",
                 }
@@ -86,6 +118,16 @@ class AgentPublic(BaseModel):
     live_version: int | None = Field(description="Revision `slug` resolves to; null = none.")
     draft: AgentSpec
     retired: bool
+    bases: list[BasePin] = Field(
+        default_factory=list,
+        description="The live revision's `extends` chain, nearest base first: the revision "
+        "each resolves to and the one a rebase would pin now.",
+    )
+    base_update_available: bool = Field(
+        default=False,
+        description="A base has a newer live revision than the pinned one: "
+        "`POST /v1/agents/{slug}/rebase` publishes a revision pinned to it.",
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -100,7 +142,9 @@ class RevisionPublic(BaseModel):
                     "slug": "researcher",
                     "version": 2,
                     "digest": "sha256:9f2c…",
-                    "spec": {"system_prompt": "You research questions."},
+                    "spec": {"system_prompt": "You research questions.", "extends": "base"},
+                    "extends_pins": ["base@1"],
+                    "eval_id": "eval-5f0c9a3e-2b1d-4c8e-9a7f-1d2e3f4a5b6c",
                     "published_at": "2026-11-29T12:05:00Z",
                 }
             ]
@@ -111,7 +155,33 @@ class RevisionPublic(BaseModel):
     version: int = Field(ge=1)
     digest: str = Field(description="`sha256:` of the canonical JSON of `spec`.")
     spec: AgentSpec
+    extends_pins: list[str] | None = Field(
+        default=None,
+        description="The `extends` chain this revision resolves, as pins nearest base first "
+        "(`[]`: extends nothing); recorded at publish. null: migrated without a resolvable "
+        "chain (follows the live pointers).",
+    )
+    eval_id: str | None = Field(
+        default=None,
+        description="The eval this revision passed to be published under a publish gate "
+        "(docs/change-safely.md); null when no gate applied.",
+    )
     published_at: datetime
+
+
+class PublishBody(BaseModel):
+    """Optional body of ``POST /v1/agents/{slug}/publish``: the eval that lets the draft
+    pass its publish gate (docs/change-safely.md); without it, the newest completed eval
+    of the draft is used."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"eval_id": "eval-5f0c9a3e-2b1d-4c8e-9a7f-1d2e3f4a5b6c"}]},
+    )
+
+    eval_id: StrictStr | None = Field(
+        default=None, pattern=EVAL_ID_PATTERN, description="An eval's id."
+    )
 
 
 class VersionBody(BaseModel):

@@ -29,8 +29,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from baton import saferegex
-from baton.contracts import SafeText as SafeText  # re-exported: specs and API bodies use it
-from baton.contracts import check_text
+from baton.contracts.evals import PublishGate
+from baton.contracts.text import SafeText as SafeText  # re-exported: specs and API bodies use it
+from baton.contracts.text import check_text
 from baton.errors import DuplicateAlias, TreeTooDeep, TreeTooLarge
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -92,7 +93,7 @@ def compile_pattern(pattern: str) -> regex.Pattern[str]:
     """Compile a playbook or route ``when`` pattern (case-insensitive, cached).
 
     Raises ValueError for an invalid pattern or one that expands past
-    :data:`baton.saferegex.MAX_EXPANDED_SIZE` (issue 10, item 7b).
+    :data:`baton.saferegex.MAX_EXPANDED_SIZE`.
     """
     return saferegex.compile_user_pattern(pattern, regex.IGNORECASE)
 
@@ -120,7 +121,7 @@ def _refuse_removed(data: Any) -> Any:
 
 class _Strict(BaseModel):
     """Unknown fields are errors, removed fields get their own error type, and values are
-    not coerced (``"max_spawns": true`` or ``"4"`` is refused: issue 10, item 11)."""
+    not coerced (``"max_spawns": true`` or ``"4"`` is refused)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -281,7 +282,7 @@ class SubagentNode(_Strict):
     subagents: list[SubagentNode] = Field(default_factory=list, max_length=MAX_TREE_NODES + 1)
 
 
-#: A header value names its secret, never holds it (issue 13, item 4): an optional scheme
+#: A header value names its secret, never holds it: an optional scheme
 #: word, then ``${NAME}`` — an environment variable (or a ``BATON_…`` setting) of the worker.
 MCP_HEADER_VALUE = r"^(?:[A-Za-z][A-Za-z0-9-]{0,31} )?\$\{[A-Z][A-Z0-9_]{0,127}\}$"
 MAX_MCP_SERVERS = 8
@@ -289,7 +290,7 @@ MAX_MCP_SERVERS = 8
 
 class McpServerSpec(_Strict):
     """A remote MCP server (streamable HTTP) whose tools the agent may call as
-    ``<name>.<tool>`` (issue 13, item 4). Header values reference secrets by name."""
+    ``<name>.<tool>``. Header values reference secrets by name."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -365,7 +366,13 @@ class AgentSpec(_Strict):
     mcp_servers: list[McpServerSpec] = Field(
         default_factory=list,
         max_length=MAX_MCP_SERVERS,
-        description="Issue 13: remote MCP servers; their tools are offered as <server>.<tool>.",
+        description="Remote MCP servers; their tools are offered as <server>.<tool>.",
+    )
+    publish_gate: PublishGate | None = Field(
+        default=None,
+        description="What an eval of the draft must show before it is published "
+        "(docs/change-safely.md, 'The publish gate'); the nearest layer of the extends "
+        "chain that sets it wins; null = inherited, else BATON_PUBLISH_GATE.",
     )
 
     @field_validator("mcp_servers")

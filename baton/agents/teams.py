@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select
 
 from baton.agents import registry
 from baton.agents.spec import SLUG_PATTERN, SafeText, compile_pattern, pattern_matches
-from baton.contracts import TeamMemberSnapshot, TeamSnapshot
+from baton.contracts.values import TeamMemberSnapshot, TeamSnapshot
 from baton.errors import AgentNotFound, BatonError, Conflict, NotFound
 from baton.storage.db import Agent, ChannelMemory, TeamRow, page, utcnow
 

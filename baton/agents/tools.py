@@ -19,8 +19,10 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import jsonschema
+from pydantic import BaseModel
 
-from baton.contracts import XAGENT_ARGS, ResolvedAgent
+from baton.contracts.tool_args import PRESENT_EXHIBIT, XAGENT_ARGS, PresentExhibitArgs
+from baton.contracts.values import ResolvedAgent
 
 
 class ToolError(Exception):
@@ -174,15 +176,20 @@ XAGENT_DESCRIPTIONS = {
     "time, last activity, message count and whether it is running. limit (default 50, "
     "max 200) and offset page through them.",
     "get_agent_session_transcript": "Read another agent's session: a status line (running, "
-    "idle or awaiting_input) then the messages, tool input/output summarised. sync=true "
-    "waits for a running turn to finish first.",
+    "idle or awaiting_input) then the messages, tool input/output summarised. Each message "
+    "is one entry starting with its header ([user], [assistant <slug>], [tool <name>]); "
+    "its further lines start with '  | ' and are part of it. An entry marked 'via "
+    "external process' was written by an outside process, not by the person or a Baton "
+    "agent. sync=true waits for a running turn to finish first.",
 }
 
 
 @functools.cache
-def _xagent_schema(name: str) -> dict[str, Any]:
-    # Static per process; pydantic's schema generation cost ~2 ms per tool per turn.
-    schema = XAGENT_ARGS[name].model_json_schema()
+def args_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema a model is offered for a tool whose arguments are ``model``: its
+    properties without pydantic's titles. Cached per process (pydantic's schema generation
+    cost ~2 ms per tool per turn): copy it before changing it."""
+    schema = model.model_json_schema()
     schema.pop("title", None)
     schema.pop("description", None)
     for prop in schema.get("properties", {}).values():
@@ -197,10 +204,29 @@ def xagent_tools(blocked: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
     schema is a fresh copy, so a caller may change it.
     """
     return [
-        (name, XAGENT_DESCRIPTIONS[name], copy.deepcopy(_xagent_schema(name)))
+        (name, XAGENT_DESCRIPTIONS[name], copy.deepcopy(args_schema(XAGENT_ARGS[name])))
         for name in XAGENT_ARGS
         if name not in blocked
     ]
+
+
+PRESENT_EXHIBIT_DESCRIPTION = (
+    "Show something to the person in the conversation, as a card: an image (kind image: "
+    "base64 png, jpeg, gif or webp in data, with media_type), a table (columns and rows), "
+    "a chart (a Vega-Lite spec, shown as its JSON), markdown (text), a file to download "
+    "(kind download: base64 data, filename, media_type; SVG and HTML go here) or a file "
+    "of the session's workspace (kind file: path). Give every exhibit a title. Once shown, "
+    "refer to it by title; never write its content again or make up a URL for it."
+)
+
+
+def present_exhibit_tool(blocked: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``present_exhibit`` (docs/exhibits.md), offered to every agent that does not block
+    it: ``[(name, description, JSON Schema)]`` or ``[]``."""
+    if PRESENT_EXHIBIT in blocked:
+        return []
+    schema = copy.deepcopy(args_schema(PresentExhibitArgs))
+    return [(PRESENT_EXHIBIT, PRESENT_EXHIBIT_DESCRIPTION, schema)]
 
 
 def delegate_to_tool(members: list[tuple[str, str]]) -> tuple[str, str, dict[str, Any]]:

@@ -148,7 +148,7 @@ def require(session: Session, *, user_id: str, agent: str, role: Role) -> None:
         raise Forbidden(f"user '{user_id}' needs the {role} role on agent '{agent}'")
 
 
-#: The role a spec reference needs on the agent it names (issue 10, item 4). ``extends``
+#: The role a spec reference needs on the agent it names. ``extends``
 #: folds the base's prompt, playbook and tools into the derived agent, which shows and
 #: uses them: reading. A subagent node is run by the tree: the role invoking it needs.
 EXTENDS_ROLE: Role = "viewer"

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, select
 
-from baton.contracts import SLUG_PATTERN
+from baton.contracts.text import SLUG_PATTERN
 from baton.errors import AgentNotFound, BatonError
 from baton.storage.db import Agent, XAgentPolicy, utcnow
 

@@ -18,7 +18,7 @@ list / read (X-Agent)     —          —         view  Gamut precedence       
 create (X-Agent)          —          —         —     always a review          —
 ========================  =========  ========  ====  =======================  ==========
 
-An ambassador (``kind: ambassador``, issue 15) is never a target of a path that
+An ambassador (``kind: ambassador``) is never a target of a path that
 makes it run: every such path is refused ``not_invocable`` right after the guards
 (AgentX Agent Teams, 'Ambassador': it runs beside a conversation, never in one).
 
@@ -38,18 +38,14 @@ from typing import Literal
 from sqlmodel import Session, select
 
 from baton.agents import registry, roster
-from baton.contracts import (
-    BLOCKED_BY_POLICY,
-    TeamMemberSnapshot,
-    TeamSnapshot,
-    Via,
-    cross_agent_guard,
-)
+from baton.contracts.codes import BLOCKED_BY_POLICY
+from baton.contracts.values import TeamMemberSnapshot, TeamSnapshot, Via
 from baton.grants import auth, policies
+from baton.permissions.guard import cross_agent_guard
 from baton.storage.db import Agent, AgentLivePointer
 
 Verdict = Literal["allow", "review", "refuse"]
-#: Refusal code for a path that would make an ambassador run (issue 15).
+#: Refusal code for a path that would make an ambassador run.
 NOT_INVOCABLE = "not_invocable"
 
 

@@ -91,8 +91,8 @@ def fill(value: Any, last: str, *, budget: int) -> Any:
     the fills together put at most ``budget`` characters of ``last`` into it.
 
     Bounds what the fills expand to, not each fill: a rule repeating ``{last_message}``
-    a thousand times gets ``budget // 1000`` characters per fill (issue 10, item 8: tool
-    arguments filled past Temporal's payload limit).
+    a thousand times gets ``budget // 1000`` characters per fill (so tool
+    arguments are never filled past Temporal's payload limit).
     """
     count = _fills(value)
     return _fill(value, last[: budget // count]) if count else value
@@ -200,7 +200,7 @@ def _provider_model(name: str) -> Model:
     """``infer_model(name)``, built once per event loop and provider environment.
 
     Building one costs a new SDK client, an HTTP client with a fresh TLS context (~5 ms of
-    CPU) and a new connection for every call (bench/README.md, issue 14); a model holds no
+    CPU) and a new connection for every call (bench/README.md); a model holds no
     per-request state, so every turn of this loop shares it. Keyed by the ``OPENAI_*`` /
     ``ANTHROPIC_*`` variables too, so a changed key or base URL builds a new one.
     """

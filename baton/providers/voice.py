@@ -1,4 +1,4 @@
-"""Two-way voice for the ambassador (AgentX Agent Teams, 'Two-way voice'; issue 15), off unless a
+"""Two-way voice for the ambassador (AgentX Agent Teams, 'Two-way voice'), off unless a
 provider is configured (``BATON_VOICE_BASE_URL``).
 
 An OpenAI-compatible endpoint speaks a briefing (``POST /audio/speech``) and takes a

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 def sum_costs(costs: Iterable[float | None]) -> float | None:
     """The total cost (USD) of model calls, or None when any one's cost is unknown (no
     price known for its model): a partial sum would read as a real, too-low figure.
-    The rule of every total Baton shows: ``GET /v1/usage``, the trace (issue 12, item 7).
+    The rule of every total Baton shows: ``GET /v1/usage``, the trace.
     """
     total = 0.0
     for cost in costs:

@@ -2,7 +2,7 @@
 
 JSON Schema 2020-12 (Xema Agent Concepts, workflow-agent steps; docs/steps.md). Python's
 ``re`` holds the GIL and backtracks exponentially (``"pattern": "^(a+)+$"`` on 28 ``a``
-and ``!`` stalled the whole process for 15.8 s: issue 10, item 7a), so no user pattern
+and ``!`` stalled the whole process for 15.8 s), so no user pattern
 ever runs on it: ``pattern``, ``patternProperties`` and the ``additionalProperties``
 check that consults
 ``patternProperties`` run on :mod:`baton.saferegex` (the `regex` module, time-limited,
@@ -26,8 +26,10 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from baton import saferegex
+from baton.contracts.codes import INVALID_DELIVERABLE
+from baton.contracts.workflow_io import HandoffDecision
 from baton.errors import BatonError
-from baton.payloads import MAX_PAYLOAD_DEPTH, nesting_depth
+from baton.payloads import MAX_PAYLOAD_DEPTH, MAX_RESULT_BYTES, json_bytes, nesting_depth
 
 #: Time one pattern may take on one value, and all patterns on one deliverable (seconds).
 PATTERN_TIMEOUT_S = 0.1
@@ -42,6 +44,15 @@ class InvalidSchema(BatonError):
     code = "invalid_schema"
     status = 422
     title = "Invalid JSON Schema"
+
+
+class InvalidEdit(BatonError):
+    """An edited deliverable on a handoff decision other than approve, or one the step's
+    output schema refuses (without a schema a deliverable is text) (422)."""
+
+    code = INVALID_DELIVERABLE
+    status = 422
+    title = "The edited deliverable is not acceptable"
 
 
 _deadline: contextvars.ContextVar[float] = contextvars.ContextVar("pattern_deadline")
@@ -202,3 +213,32 @@ def deliverable_errors(value: Any, schema: dict[str, Any]) -> list[ValidationErr
         return sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])
     finally:
         _deadline.reset(token)
+
+
+def check_edit(decision: HandoffDecision, schema: dict[str, Any] | None) -> None:
+    """Raise :class:`InvalidEdit` unless ``decision`` carries no edited deliverable or
+    approves with one ``schema`` accepts (docs/steps.md, Handoff): only an approve carries
+    an edit; without a schema it is text; it nests at most ``MAX_PAYLOAD_DEPTH`` levels,
+    takes at most ``MAX_RESULT_BYTES`` as JSON and passes :func:`deliverable_errors`, the
+    check every attempt's deliverable passes. The one rule the API applies before it
+    signals ``handoff`` and the step's ``check_edited_deliverable`` activity applies to a
+    Signal sent straight to Temporal."""
+    edit = decision.edited_deliverable
+    if edit is None:
+        return
+    if decision.decision != "approve":
+        raise InvalidEdit("only an approve carries an edited deliverable", path="decision")
+    if schema is None:
+        if not isinstance(edit, str):
+            raise InvalidEdit("this step has no output_schema: its deliverable is text")
+        return
+    if nesting_depth(edit) > MAX_PAYLOAD_DEPTH:
+        raise InvalidEdit(f"the edit nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+    if json_bytes(edit) > MAX_RESULT_BYTES:
+        raise InvalidEdit(f"the edit is larger than {MAX_RESULT_BYTES} bytes as JSON")
+    errors = deliverable_errors(edit, schema)
+    if errors:
+        where = "/".join(str(p) for p in errors[0].absolute_path) or "deliverable"
+        raise InvalidEdit(
+            f"{where}: {errors[0].message}", path="edited_deliverable", error_count=len(errors)
+        )

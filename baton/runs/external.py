@@ -1,4 +1,4 @@
-"""External sessions: agents that run outside Baton and reach it over MCP (issue 13, docs/mcp.md).
+"""External sessions: agents that run outside Baton and reach it over MCP (docs/mcp.md).
 
 Gamut X-Agent, 'How it works': each agent container has an MCP server ``agents`` whose
 calls travel back to the host authenticated with the container's *proxy token*;
@@ -32,22 +32,19 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from baton import temporal_ui
 from baton.agents import registry
-from baton.contracts import (
-    CLOSED_STATUSES,
+from baton.contracts.activity_io import ToolOutcome
+from baton.contracts.codes import NOT_EXTERNAL, SESSION_CLOSED, UNKNOWN_TOOL
+from baton.contracts.search import initial_search_attributes
+from baton.contracts.values import CLOSED_STATUSES
+from baton.contracts.workflow_io import (
     EXTERNAL_MESSAGE,
     EXTERNAL_TOOL_CALL,
-    NOT_EXTERNAL,
-    SESSION_CLOSED,
-    SESSION_PATCH_LEVEL,
-    UNKNOWN_TOOL,
     ExternalMessage,
     ExternalMessageOutcome,
     ExternalToolCall,
     Provenance,
     SessionConfig,
     SessionInput,
-    ToolOutcome,
-    initial_search_attributes,
 )
 from baton.errors import BatonError, Conflict, EngineUnavailable, SessionClosed
 from baton.grants.auth import Unauthorized, _digest
@@ -155,14 +152,6 @@ def authenticate(s: Session, token: str, *, now: datetime | None = None) -> Exte
     return ExternalIdentity(row.session_id, row.agent_slug, row.user_id)
 
 
-def is_external(s: Session, *, session_id: str) -> bool:
-    """Whether ``session_id`` is an external session (it has had a proxy token)."""
-    found = s.exec(
-        select(ProxyTokenRow.id).where(ProxyTokenRow.session_id == session_id).limit(1)
-    ).first()
-    return found is not None
-
-
 def bearer(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, or None."""
     scheme, _, token = (authorization or "").partition(" ")
@@ -226,7 +215,6 @@ async def open_external_session(
         agent_pin=pin,
         provenance=prov,
         config=config,
-        patch_level=SESSION_PATCH_LEVEL,
     )
     try:
         await client.start_workflow(

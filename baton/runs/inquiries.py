@@ -1,4 +1,4 @@
-"""Inquiries: a person's questions to an ambassador about one session (issue 15, AgentX
+"""Inquiries: a person's questions to an ambassador about one session (AgentX
 Agent Teams).
 
 An ambassador is an agent of ``kind: ambassador``. It runs *beside* a session and
@@ -26,9 +26,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from sqlmodel import Session, col, select
 
+from baton.agents import registry
+from baton.contracts.values import ResolvedAgent
 from baton.errors import BatonError, Conflict, NotFound
 from baton.grants import auth
-from baton.runs import run_tree, session_store
+from baton.runs import run_tree, session_store, transcript_text
 from baton.runs.session_store import HistoryItem
 from baton.storage.db import (
     DelegationRow,
@@ -79,6 +81,26 @@ class NotInvocable(BatonError):
     code = "not_invocable"
     status = 422
     title = "Not invocable"
+
+
+def require_invocable(
+    session: Session, *, slug: str, live: ResolvedAgent | None = None, path: str = "agent"
+) -> None:
+    """Refuse to run an ambassador as the agent of a session or a step: raises NotInvocable
+    (422 ``not_invocable``) when the live revision of ``slug`` is of kind ambassador.
+
+    AgentX Agent Teams, 'Ambassador': it answers a person's inquiries beside a session and
+    never enters one. The kind is :func:`baton.agents.registry.is_ambassador`'s, the test
+    every cross-agent path (the permission gate) and team membership make too. ``live``:
+    the live resolution when the caller has just made it (not made again); ``path``: the
+    request field named in the problem.
+    """
+    if registry.is_ambassador(session, slug=slug, live=live):
+        raise NotInvocable(
+            f"'{slug}' is an ambassador: ask it about a session with "
+            "POST /v1/sessions/{id}/inquiries",
+            path=path,
+        )
 
 
 class NoQuestion(BatonError):
@@ -349,7 +371,10 @@ def _cut(text: str) -> str:
     return text[:MAX_TOOL_CHARS] + f"\n… (cut at {MAX_TOOL_CHARS} characters)"
 
 
-def _who(m: MessageRow) -> str:
+def _who(m: MessageRow, outside: bool) -> str:
+    if transcript_text.by_outside(m, outside=outside):
+        as_role = "the person" if m.role == "user" else m.agent_slug or m.role
+        return f"{as_role} ({transcript_text.EXTERNAL_MARK})"
     if m.role == "user":
         return "the person"
     if m.role == "tool":
@@ -378,12 +403,14 @@ def list_conversations(session: Session, *, user: str, auth_on: bool) -> str:
 def read_conversation(session: Session, *, session_id: str) -> str:
     """The transcript as the person would read it, turn by turn (tool output summarised)."""
     row = session_store.get_session(session, session_id=session_id)
+    outside = transcript_text.written_outside(session, session_id=session_id)
     lines = [f"conversation {row.id} with agent {row.agent_slug} ({row.status}):"]
     for m in session_store.messages(session, session_id=session_id):
         text = session_store.summarise(m.text) if m.role == "tool" else m.text
         calls = ", ".join(c["name"] for c in m.tool_calls or [])
         extra = f" [calls {calls}]" if calls else ""
-        lines.append(f"turn {_turn_of(m)} · {_who(m)}: {text}{extra}")
+        head = f"turn {_turn_of(m)} · {_who(m, outside)}: "
+        lines.append(transcript_text.entry(head, f"{text}{extra}"))
     return _cut("\n".join(lines))
 
 
@@ -395,14 +422,16 @@ def explore_conversation(session: Session, *, session_id: str, turn: int) -> str
     ]
     if not msgs:
         raise BeltError(f"{session_id} has no turn {turn}")
+    outside = transcript_text.written_outside(session, session_id=session_id)
     lines = [f"turn {turn} of {session_id}:"]
     for m in msgs:
         if m.role == "tool":
             args = session_store.json_compact(m.tool_args) if m.tool_args is not None else ""
             state = "failed" if m.is_error else "ok"
-            lines.append(f"- tool {m.tool_name}({args}) {state}: {session_store.summarise(m.text)}")
+            head = f"- tool {m.tool_name}({args}) {state}: "
+            lines.append(transcript_text.entry(head, session_store.summarise(m.text)))
         else:
-            lines.append(f"- {_who(m)}: {m.text}")
+            lines.append(transcript_text.entry(f"- {_who(m, outside)}: ", m.text))
     prefix = f"{session_id}:t{turn}:"
     found = session.exec(
         select(DelegationRow)
@@ -414,8 +443,11 @@ def explore_conversation(session: Session, *, session_id: str, turn: int) -> str
     ).all()
     for d in found:
         lines.append(
-            f"- delegation ({d.kind}) {d.caller_agent_slug} → {d.target_agent_slug}: "
-            f"task {d.task!r} · {d.status} · result: {d.result_preview or d.error or '—'}"
+            transcript_text.entry(
+                "- ",
+                f"delegation ({d.kind}) {d.caller_agent_slug} → {d.target_agent_slug}: "
+                f"task {d.task!r} · {d.status} · result: {d.result_preview or d.error or '—'}",
+            )
         )
     return _cut("\n".join(lines))
 
@@ -435,19 +467,24 @@ def summarize_conversation(session: Session, *, session_id: str) -> str:
         if tree.subtree_usage.cost_usd is None
         else f"cost ${tree.subtree_usage.cost_usd:.4f}.",
     ]
+    outside = transcript_text.written_outside(session, session_id=session_id)
     first = next((m for m in msgs if m.role == "user"), None)
     if first is not None:
-        lines.append(f"the person asked: {session_store.summarise(first.text)}")
+        head = f"{_who(first, outside)} asked: "
+        lines.append(transcript_text.entry(head, session_store.summarise(first.text)))
     stack = list(tree.children)
     while stack:
         node = stack.pop(0)
         d = node.delegation or {}
         lines.append(
-            f"- {d.get('caller', '?')} delegated to {node.agent} ({d.get('kind', '?')}): "
-            f"{d.get('task', '')!r} → {node.status}: {d.get('result_preview') or '—'}"
+            transcript_text.entry(
+                "- ",
+                f"{d.get('caller', '?')} delegated to {node.agent} ({d.get('kind', '?')}): "
+                f"{d.get('task', '')!r} → {node.status}: {d.get('result_preview') or '—'}",
+            )
         )
         stack.extend(node.children)
     last = next((m for m in reversed(msgs) if m.role == "assistant" and m.text), None)
     if last is not None:
-        lines.append(f"last reply, by {last.agent_slug}: {last.text}")
+        lines.append(transcript_text.entry(f"last reply, by {_who(last, outside)}: ", last.text))
     return _cut("\n".join(lines))

@@ -6,8 +6,8 @@ workflow is started with update-with-start so the first message is delivered in
 the first workflow task (docs/architecture.md, a turn). Workflow and Update are addressed by their
 stable Temporal names, so this module does not import workflow code.
 
-An idle session's run completes after ``BATON_SESSION_IDLE_TIMEOUT`` (issue 12, item
-2); :func:`deliver_update`, which every message and external call goes through, then
+An idle session's run completes after ``BATON_SESSION_IDLE_TIMEOUT``;
+:func:`deliver_update`, which every message and external call goes through, then
 starts its next run from the state stored in the DB, under the same workflow id.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,49 +31,52 @@ from temporalio.client import (
     WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError, FailureError
+from temporalio.exceptions import ApplicationError, FailureError, WorkflowAlreadyStartedError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from baton import temporal_ui
 from baton.agents import registry
-from baton.contracts import (
-    CLOSED_STATUSES,
+from baton.contracts.activity_io import ResumePoint
+from baton.contracts.codes import (
     INVALID_PROMPT,
+    QUEUE_FULL,
     SESSION_BUSY,
     SESSION_CLOSED,
     SESSION_EXTERNAL,
-    SESSION_PATCH_LEVEL,
+)
+from baton.contracts.search import initial_search_attributes, step_search_attributes
+from baton.contracts.values import CLOSED_STATUSES, ResolvedAgent, TeamSnapshot
+from baton.contracts.workflow_io import (
+    IfBusy,
     Provenance,
-    ResolvedAgent,
-    ResumePoint,
     SessionConfig,
     SessionInput,
     StepInput,
-    TeamSnapshot,
     TurnOutcome,
     UserMessage,
-    initial_search_attributes,
-    step_search_attributes,
 )
 from baton.errors import (
     BatonError,
     EngineUnavailable,
     InvalidPrompt,
+    QueueFull,
     SessionBusy,
     SessionClosed,
     SessionExternal,
     TurnCancelled,
     TurnFailed,
 )
-from baton.runs import session_store
+from baton.runs import inquiries, session_store
+from baton.settings import DEFAULT_MESSAGE_SETTLE_S
 from baton.storage.db import SessionRow, StepRow, session_scope
 
 WORKFLOW = "Session"
 UPDATE = "send_message"
-#: How long a message rejected as busy is retried while the stored status is idle (s).
-IDLE_SETTLE_S = 2.0
+#: First and longest pause (s) between deliveries of a message refused busy while the
+#: stored status is idle; the pause doubles from the first to the longest.
 IDLE_SETTLE_POLL_S = 0.05
+IDLE_SETTLE_MAX_POLL_S = 0.5
 #: Deliveries of one Update: to the running run, then (its run completed, maybe just as
 #: the Update arrived) by update-with-start, twice at most.
 RESTART_ATTEMPTS = 3
@@ -113,11 +117,13 @@ def _update_error(exc: WorkflowUpdateFailedError, session_id: str) -> BatonError
     cause = exc.cause
     if kind == SESSION_BUSY:
         return SessionBusy(message, session_id=session_id)
+    if kind == QUEUE_FULL:
+        return QueueFull(message, session_id=session_id)
     if kind == SESSION_CLOSED:
         return SessionClosed(message, session_id=session_id)
     if kind == INVALID_PROMPT:
         return InvalidPrompt(message, path="prompt")
-    if kind == SESSION_EXTERNAL:  # issue 13: no model turn runs in an external session
+    if kind == SESSION_EXTERNAL:  # no model turn runs in an external session
         return SessionExternal(message, session_id=session_id)
     link: BaseException | None = cause
     while link is not None:  # the workflow's cancel fails the turn, maybe via an activity
@@ -167,7 +173,7 @@ def record_session(
     resolved: ResolvedAgent | None = None,
 ) -> Recorded:
     """Record the session row of a launch in the caller's transaction ``s`` (the API does
-    it in the transaction that checked the request: issue 14, one transaction).
+    it in the transaction that checked the request: one transaction, one resolution).
 
     ``agent``: see :func:`launch_session`; ``resolved``: ``ref`` as the caller has just
     resolved it (not resolved again). An ``idempotent`` launch whose row
@@ -218,8 +224,15 @@ async def launch_session(
     agent: ResolvedAgent | None = None,
     team: TeamSnapshot | None = None,
     recorded: Recorded | None = None,
+    keyed: bool = False,
+    turn: int = 0,
+    in_transcript: bool = False,
 ) -> Launched:
     """Resolve ``ref``, record the session and start it with its first message.
+
+    ``turn``: the turn the session's transcript already reaches (a fork's prefix: its
+    first turn is the next one); ``in_transcript``: the first message is the prefix's last
+    (answered, not stored again).
 
     ``agent`` runs a given configuration instead of resolving ``ref`` (a subagent
     node: its pin overlaid with node-local instructions, model and tools); ``team``
@@ -228,7 +241,10 @@ async def launch_session(
 
     ``session_id`` + ``update_id`` make the launch idempotent (the ``delegate``
     activity derives both from the delegation id, so a retry attaches to the
-    session and message its first attempt started).
+    session and message its first attempt started). ``keyed``: the caller derived the
+    recorded session's id from an HTTP ``Idempotency-Key``, so a start that finds the
+    workflow already running attaches to it and to its first message (a retry taking
+    over a request whose API process was killed), as an idempotent launch does.
 
     Raises the registry's AgentNotFound / RevisionNotFound / AgentRetired /
     AgentNotPublished / InvalidReference, EngineUnavailable (Temporal refused the
@@ -259,17 +275,17 @@ async def launch_session(
         provenance=provenance,
         config=config,
         # The snapshot goes in the input: the first workflow task schedules the first
-        # model turn at once, with no `load_agent` (issue 14). It is what `load_agent`
+        # model turn at once, with no `load_agent`. It is what `load_agent`
         # would resolve and record: the same pin, resolved in the same way.
         agent=recorded.snapshot,
         team=team,
-        patch_level=SESSION_PATCH_LEVEL,
+        turn=turn,
     )
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         WORKFLOW,
         inp,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
-        if idempotent
+        if idempotent or keyed
         else WorkflowIDConflictPolicy.FAIL,
         # A retried delegation must never start the id again once its session closed.
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -284,6 +300,7 @@ async def launch_session(
                 prompt=prompt,
                 invoked_by_agent=provenance.invoked_by_agent,
                 user=provenance.created_by_user,
+                in_transcript=in_transcript,
             ),
             start_workflow_operation=start,
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
@@ -294,25 +311,32 @@ async def launch_session(
     except WorkflowUpdateFailedError as exc:
         raise _update_error(exc, session_id) from exc
     except RPCError as exc:
-        running = await _running(client, session_id)
-        if running:
-            # The workflow is alive: the server aborted the Update (it reloaded the run's
-            # state under load, "workflow update was aborted"). Transient: the caller
-            # retries with the same update id, which attaches to what was accepted.
-            raise EngineUnavailable(
-                f"Temporal aborted the message, the session is still running: {exc.message}"
-            ) from exc
-        if running is not None:
-            # The workflow exists (it ended before answering, e.g. its agent vanished):
-            # keep the row, the transcript says what happened.
-            raise TurnFailed(f"the session ended: {exc.message}", session_id=session_id) from exc
-        if not idempotent:  # an idempotent launch keeps its row for the retry
-            await asyncio.to_thread(_forget, engine, session_id)
-        raise EngineUnavailable(
-            f"Temporal refused to start the session: {exc.message}{_setup_hint(exc)}"
-        ) from exc
+        error = await _start_refused(client, engine, exc, session_id, keep_row=idempotent)
+        raise error from exc
     response = await reply_text(engine, outcome)
     return Launched(session_id, slug, version, outcome, response)
+
+
+async def _start_refused(
+    client: Client, engine: Engine, exc: RPCError, session_id: str, *, keep_row: bool
+) -> BatonError:
+    """What a launch whose start-with-Update Temporal refused raises, by the state of the
+    workflow: still running, EngineUnavailable (the server aborted the Update under load;
+    the caller retries with the same update id); ended, TurnFailed (the row stays, the
+    transcript says what happened); never started, EngineUnavailable after deleting the
+    row (unless ``keep_row``: an idempotent launch keeps it for its retry)."""
+    running = await _running(client, session_id)
+    if running:
+        return EngineUnavailable(
+            f"Temporal aborted the message, the session is still running: {exc.message}"
+        )
+    if running is not None:
+        return TurnFailed(f"the session ended: {exc.message}", session_id=session_id)
+    if not keep_row:
+        await asyncio.to_thread(forget_session, engine, session_id)
+    return EngineUnavailable(
+        f"Temporal refused to start the session: {exc.message}{_setup_hint(exc)}"
+    )
 
 
 def _setup_hint(exc: RPCError) -> str:
@@ -327,7 +351,7 @@ def _start_options(
     inp: SessionInput, *, task_queue: str, name: str, namespace: str
 ) -> dict[str, Any]:
     """The start options every run of a session gets (its first and each restart):
-    id, queue, search attributes, the UI's static summary and details (issue 12, item 1:
+    id, queue, search attributes, the UI's static summary and details (the
     markdown links to the parent, the root and the run tree)."""
     pin = inp.agent_pin
     return {
@@ -370,7 +394,7 @@ async def deliver_update(
     result_type: type[T],
 ) -> WorkflowUpdateHandle[T]:
     """Start Update ``update`` (``arg``, id ``update_id``) on the session's workflow; when
-    its run has completed idle, start the next run with it (issue 12, item 2).
+    its run has completed idle, start the next run with it.
 
     The one road by which anything that needs a turn reaches a session: messages
     (API, ``baton`` CLI, delegations reusing a session) and an external session's MCP
@@ -420,6 +444,14 @@ async def deliver_update(
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
+def accepted_status(*, sync: bool) -> str:
+    """The status a session has once a launch or a message was delivered, from what the
+    delivery returned (never read back from the DB): ``idle`` after a ``sync`` call (its
+    turn ran to its final reply), ``running`` after an async one (the Update was accepted:
+    its turn runs now)."""
+    return "idle" if sync else "running"
+
+
 def session_status(engine: Engine, session_id: str) -> str:
     """The stored status of ``session_id``. Raises SessionNotFound."""
     with session_scope(engine) as s:
@@ -435,11 +467,66 @@ async def _running(client: Client, session_id: str) -> bool | None:
     return desc.status == WorkflowExecutionStatus.RUNNING
 
 
-def _forget(engine: Engine, session_id: str) -> None:
+def forget_session(engine: Engine, session_id: str) -> None:
+    """Delete the row of a session recorded but never started (Temporal refused the start,
+    or could not be reached): nothing of a failed launch is left behind."""
     with session_scope(engine) as s:
         row = s.get(SessionRow, session_id)
         if row is not None:
             s.delete(row)
+
+
+def _mark_running(engine: Engine, session_id: str) -> bool:
+    """Mark an idle session running before its message's Update, so that an SSE client
+    following ``until=idle`` right after the send never sees the previous turn's idle
+    state. Returns whether it marked it; raises SessionClosed for a closed session."""
+    with session_scope(engine) as s:
+        row = session_store.get_session(s, session_id=session_id)
+        if row.status in CLOSED_STATUSES:
+            raise SessionClosed(f"session '{session_id}' is {row.status}")
+        if row.status != "idle":
+            return False
+        session_store.set_status(s, session_id=session_id, status="running")
+        return True
+
+
+def _restore_idle(engine: Engine, session_id: str) -> None:
+    """Undo :func:`_mark_running` for a message that was not delivered."""
+    with session_scope(engine) as s:
+        session_store.set_status(s, session_id=session_id, status="idle")
+
+
+async def _deliver_settling(
+    deliver: Callable[[], Awaitable[TurnOutcome | None]],
+    engine: Engine,
+    *,
+    session_id: str,
+    marked: bool,
+    settle_s: float,
+) -> TurnOutcome | None:
+    """``deliver()``, again while the workflow refuses it ``session_busy`` but the stored
+    status says idle (``marked``: this send saw it idle), pausing 50 ms doubling to 0.5 s,
+    for up to ``settle_s`` seconds. Any other failure, or busy past that, is raised.
+
+    The stored status turns idle when the last reply is stored, before the workflow ends
+    the turn: a message sent in between is rejected busy. The gap is a moment, or the
+    sticky timeout when the worker that ran the turn was killed (the Update then rides
+    the task that ends the turn, and its validator runs first). A rejected Update leaves
+    no trace, so delivering again is safe.
+    """
+    deadline = asyncio.get_running_loop().time() + settle_s
+    pause = IDLE_SETTLE_POLL_S
+    while True:
+        try:
+            return await deliver()
+        except WorkflowUpdateFailedError as exc:
+            busy = isinstance(exc.cause, ApplicationError) and exc.cause.type == SESSION_BUSY
+            if not busy or asyncio.get_running_loop().time() > deadline:
+                raise
+            if not marked and await asyncio.to_thread(session_status, engine, session_id) != "idle":
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, IDLE_SETTLE_MAX_POLL_S)
 
 
 async def send_message(
@@ -452,37 +539,32 @@ async def send_message(
     update_id: str | None = None,
     invoked_by_agent: str | None = None,
     user: str | None = None,
+    settle_s: float = DEFAULT_MESSAGE_SETTLE_S,
+    if_busy: IfBusy = "reject",
 ) -> tuple[TurnOutcome | None, str | None]:
     """Send a message to an existing session: ``(outcome, final text)`` when sync.
 
     ``update_id`` makes the send idempotent (delegations); ``invoked_by_agent``
     marks the turn as invoked by that agent (the one-hop rule applies to it);
-    ``user`` is the sender, whose roles that turn's X-Agent calls use (auth mode).
+    ``user`` is the sender, whose roles that turn's X-Agent calls use (auth mode);
+    ``if_busy``: what a message sent while a turn runs asks for (:mod:`workflows.inbox`).
 
-    Raises SessionNotFound, SessionBusy (409, a turn is running), SessionClosed,
+    What the API calls idle it never refuses as busy: a message the workflow refuses
+    ``session_busy`` while the stored status says idle (the last turn stored its reply;
+    the workflow task that ends the turn is still to run, e.g. on a killed worker's
+    sticky queue) is delivered again, pausing 50 ms doubling to 0.5 s, for up to
+    ``settle_s`` seconds from the first delivery (``BATON_MESSAGE_SETTLE_TIMEOUT``).
+
+    Raises SessionNotFound, SessionBusy (409, a turn is running), QueueFull, SessionClosed,
     InvalidPrompt, TurnFailed or EngineUnavailable.
     """
-
-    def mark_running() -> bool:
-        # Mark the session running before the Update so that an SSE client following
-        # `until=idle` right after this call never sees the previous turn's idle state.
-        with session_scope(engine) as s:
-            row = session_store.get_session(s, session_id=session_id)
-            if row.status in CLOSED_STATUSES:
-                raise SessionClosed(f"session '{session_id}' is {row.status}")
-            if row.status != "idle":
-                return False
-            session_store.set_status(s, session_id=session_id, status="running")
-            return True
-
-    def restore_idle() -> None:
-        with session_scope(engine) as s:
-            session_store.set_status(s, session_id=session_id, status="idle")
 
     # A sync caller waits for the reply itself: no SSE race to close, so skip the write.
     # An idempotent (delegation) send may be a retry of an Update that already finished:
     # marking the session running then would leave it running with no turn to end it.
-    marked = False if sync or update_id else await asyncio.to_thread(mark_running)
+    marked = (
+        False if sync or update_id else await asyncio.to_thread(_mark_running, engine, session_id)
+    )
     message_id = update_id or f"{session_id}:message-{uuid.uuid4()}"
 
     async def deliver() -> TurnOutcome | None:
@@ -491,7 +573,9 @@ async def send_message(
             engine,
             session_id=session_id,
             update=UPDATE,
-            arg=UserMessage(prompt=prompt, invoked_by_agent=invoked_by_agent, user=user),
+            arg=UserMessage(
+                prompt=prompt, invoked_by_agent=invoked_by_agent, user=user, if_busy=if_busy
+            ),
             update_id=message_id,
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
             result_type=TurnOutcome,
@@ -502,39 +586,24 @@ async def send_message(
         settled = getattr(update, "_known_outcome", None) is not None
         return await update.result() if sync or settled else None
 
-    deadline = asyncio.get_running_loop().time() + IDLE_SETTLE_S
     try:
-        while True:
-            try:
-                outcome = await deliver()
-                break
-            except WorkflowUpdateFailedError as exc:
-                # The stored status turns idle when the last reply is stored, a moment
-                # before the workflow ends the turn: a message sent in between is
-                # rejected busy. Retry briefly (a rejected Update leaves no trace).
-                busy = isinstance(exc.cause, ApplicationError) and exc.cause.type == SESSION_BUSY
-                if not busy or asyncio.get_running_loop().time() > deadline:
-                    raise
-                if (
-                    not marked
-                    and await asyncio.to_thread(session_status, engine, session_id) != "idle"
-                ):
-                    raise
-                await asyncio.sleep(IDLE_SETTLE_POLL_S)
+        outcome = await _deliver_settling(
+            deliver, engine, session_id=session_id, marked=marked, settle_s=settle_s
+        )
     except WorkflowUpdateFailedError as exc:
         error = _update_error(exc, session_id)
         if marked and not isinstance(error, TurnFailed):
-            await asyncio.to_thread(restore_idle)
+            await asyncio.to_thread(_restore_idle, engine, session_id)
         raise error from exc
     except RPCError as exc:
         if marked:
-            await asyncio.to_thread(restore_idle)
+            await asyncio.to_thread(_restore_idle, engine, session_id)
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise SessionClosed(f"session '{session_id}' is no longer running") from exc
         raise EngineUnavailable(f"Temporal refused the message: {exc.message}") from exc
     except SessionClosed:  # its run ended and it has no resume point
         if marked:
-            await asyncio.to_thread(restore_idle)
+            await asyncio.to_thread(_restore_idle, engine, session_id)
         raise
     text = await reply_text(engine, outcome)
     return outcome, text
@@ -582,6 +651,57 @@ async def cancel_session(client: Client, engine: Engine, *, session_id: str) -> 
 STEP_WORKFLOW = "AgentStep"
 
 
+def record_step(
+    session: Session, *, inp: StepInput, ref: str, keyed: bool = False
+) -> tuple[str, int]:
+    """Resolve ``ref`` to a pin and record the step (its row and the session row of the same
+    id that holds its transcript) in ``session`` (flush only). Returns ``(slug, version)``.
+    ``keyed`` (the step id derived from an ``Idempotency-Key``): a step already stored
+    under that id is a first attempt's, and its pin is returned unchanged.
+
+    Raises the registry's errors for the reference and NotInvocable (422
+    ``not_invocable``) for an ambassador, which never runs as a step
+    (:func:`baton.runs.inquiries.require_invocable`, the sessions' rule).
+    """
+    existing = session.get(StepRow, inp.step_id) if keyed else None
+    if existing is not None:
+        return existing.agent_slug, existing.agent_version
+    found, rev = registry.resolve_ref(session, ref=ref)
+    inquiries.require_invocable(session, slug=found.slug)
+    session.add(
+        StepRow(
+            id=inp.step_id,
+            agent_slug=found.slug,
+            agent_version=rev.version,
+            input=inp.input,
+            output_schema=inp.output_schema,
+            retry=inp.retry.model_dump(),
+            handoff=inp.handoff,
+            timeout_s=inp.timeout_s,
+            created_by_user=inp.user,
+        )
+    )
+    # The step's transcript lives in a session row of the same id (claim-check).
+    session_store.create_session(
+        session,
+        session_id=inp.step_id,
+        agent_slug=found.slug,
+        agent_version=rev.version,
+        provenance=Provenance(created_by_user=inp.user),
+        name=f"Step · {_name(inp.input)}",
+    )
+    return found.slug, rev.version
+
+
+def forget_step(engine: Engine, step_id: str) -> None:
+    """Delete the rows of a step recorded but never started: nothing is left behind."""
+    with session_scope(engine) as s:
+        for model in (StepRow, SessionRow):
+            row = s.get(model, step_id)
+            if row is not None:
+                s.delete(row)
+
+
 async def launch_step(
     client: Client,
     engine: Engine,
@@ -589,42 +709,26 @@ async def launch_step(
     task_queue: str,
     inp: StepInput,
     ref: str,
+    recorded: tuple[str, int] | None = None,
+    keyed: bool = False,
 ) -> tuple[str, int]:
-    """Resolve ``ref`` to a pin (recorded on the step), store the step and start its
-    AgentStepWorkflow (id ``step-<uuid>``). Returns ``(slug, version)``.
+    """Record the step (:func:`record_step`) and start its AgentStepWorkflow (id
+    ``step-<uuid>``). Returns ``(slug, version)``. ``recorded``: what the caller's own
+    :func:`record_step` returned (the API records before it connects to Temporal).
 
-    Raises the registry's errors for the reference, EngineUnavailable when Temporal
-    refuses the start (nothing is left behind).
+    ``keyed``: the step id was derived from an HTTP ``Idempotency-Key``; a stored step of
+    that id is a first attempt's (its API process killed): its pin is kept and its
+    workflow, once started, attached to, never started twice.
+
+    Raises what :func:`record_step` raises, EngineUnavailable when Temporal refuses the
+    start (nothing is left behind).
     """
 
     def record() -> tuple[str, int]:
         with session_scope(engine) as s:
-            found, rev = registry.resolve_ref(s, ref=ref)
-            s.add(
-                StepRow(
-                    id=inp.step_id,
-                    agent_slug=found.slug,
-                    agent_version=rev.version,
-                    input=inp.input,
-                    output_schema=inp.output_schema,
-                    retry=inp.retry.model_dump(),
-                    handoff=inp.handoff,
-                    timeout_s=inp.timeout_s,
-                    created_by_user=inp.user,
-                )
-            )
-            # The step's transcript lives in a session row of the same id (claim-check).
-            session_store.create_session(
-                s,
-                session_id=inp.step_id,
-                agent_slug=found.slug,
-                agent_version=rev.version,
-                provenance=Provenance(created_by_user=inp.user),
-                name=f"Step · {_name(inp.input)}",
-            )
-            return found.slug, rev.version
+            return record_step(s, inp=inp, ref=ref, keyed=keyed)
 
-    slug, version = await asyncio.to_thread(record)
+    slug, version = recorded if recorded is not None else await asyncio.to_thread(record)
     pinned = inp.model_copy(update={"agent_pin": f"{slug}@{version}"})
     try:
         await client.start_workflow(
@@ -641,17 +745,20 @@ async def launch_step(
                 user=inp.user,
                 handoff=inp.handoff,
             ),
+            # A keyed retry attaches to the step its first attempt started, even one that
+            # has finished since: never a second run of the step.
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
+            if keyed
+            else WorkflowIDConflictPolicy.UNSPECIFIED,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE
+            if keyed
+            else WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         )
+    except WorkflowAlreadyStartedError:
+        if not keyed:
+            raise
     except RPCError as exc:
-
-        def forget() -> None:
-            with session_scope(engine) as s:
-                for model in (StepRow, SessionRow):
-                    row = s.get(model, inp.step_id)
-                    if row is not None:
-                        s.delete(row)
-
-        await asyncio.to_thread(forget)
+        await asyncio.to_thread(forget_step, engine, inp.step_id)
         raise EngineUnavailable(
             f"Temporal refused to start the step: {exc.message}{_setup_hint(exc)}"
         ) from exc

@@ -8,8 +8,9 @@ same transaction as its message. Cost comes from pydantic-ai's price data
 
 The balance (``GET|PUT /v1/balance``) is an organisation-wide ceiling: each
 call's cost is deducted; once it is ≤ 0 a model request is refused before it
-reaches the provider (``balance_exhausted``), and a stream is cut when its
-running cost would take the balance below zero.
+reaches the provider (``balance_exhausted``, :func:`admit_call`, which every model
+path calls), and a stream is cut when its running cost would take the balance below
+zero (:func:`stream_cut`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Session, col
+from temporalio.exceptions import ApplicationError
 
 from baton import telemetry
+from baton.contracts.codes import BALANCE_EXHAUSTED
 from baton.runs import run_tree
 from baton.runs.costs import sum_costs
 from baton.storage.db import BalanceRow, UsageRow, utcnow
+from baton.webhooks import events as webhook_events
 
 #: Characters per token when a stream's output must be estimated before the provider
 #: reports usage (cutting a stream cannot wait for the final count).
@@ -54,7 +58,7 @@ class BalanceUpdate(BaseModel):
     = unlimited.
 
     Strict: ``false`` (which pydantic reads as 0.0 and so stops every model call),
-    ``true`` and ``"5"`` are refused, and so is a negative amount (issue 10, item 11).
+    ``true`` and ``"5"`` are refused, and so is a negative amount.
     """
 
     model_config = ConfigDict(
@@ -118,10 +122,16 @@ _INSERT_USAGE_ONCE = {
     .returning(_USAGE.c.id),
 }
 _READ_BALANCE = sa_select(_BALANCE.c.amount_usd).where(_BALANCE.c.id == 1)
+#: The charge, returning the balance after it and whether a ``balance.low`` subscription's
+#: threshold was crossed (so that the subscriptions are read only then).
 _CHARGE = (
     sa_update(_BALANCE)
     .where(_BALANCE.c.id == 1, _BALANCE.c.amount_usd.is_not(None))
     .values(amount_usd=_BALANCE.c.amount_usd - bindparam("cost"), updated_at=bindparam("now"))
+    .returning(
+        _BALANCE.c.amount_usd,
+        webhook_events.balance_low_possible(_BALANCE.c.amount_usd, bindparam("cost")),
+    )
 )
 
 
@@ -153,10 +163,41 @@ def set_balance(session: Session, *, amount: float | None) -> float | None:
     return amount
 
 
-def exhausted(session: Session) -> bool:
-    """Whether a balance is set and spent (≤ 0)."""
-    amount = get_balance(session)
-    return amount is not None and amount <= 0
+def admit_call(session: Session) -> float | None:
+    """The balance ceiling, checked before every model call reaches its provider
+    (session turns, steps, inquiries; every model path calls this, none checks itself).
+
+    Returns the balance in USD (None = unlimited), which a stream is then cut against
+    (:func:`stream_cut`). Raises ``ApplicationError`` of type ``balance_exhausted``,
+    non-retryable, when a balance is set and spent (≤ 0): a retry would be refused the
+    same way, and nothing is metered for the refused call.
+    """
+    balance = get_balance(session)
+    if balance is not None and balance <= 0:
+        raise ApplicationError(
+            f"{BALANCE_EXHAUSTED}: the organisation balance is spent "
+            f"(${balance:.4f}); raise it with PUT /v1/balance",
+            type=BALANCE_EXHAUSTED,
+            non_retryable=True,
+        )
+    return balance
+
+
+def stream_cut(
+    prices: dict[str, tuple[float, float]],
+    model: str,
+    *,
+    input_tokens: int,
+    streamed_chars: int,
+    balance: float,
+) -> float | None:
+    """The balance ceiling during a stream: the estimated cost so far (USD) once it
+    reaches ``balance``, when the stream must be cut; None while it may go on (or when
+    the model has no configured price). Output tokens are estimated from the characters
+    streamed (:data:`CHARS_PER_TOKEN`), since the provider reports usage only at the end.
+    """
+    spent = price_cost(prices, model, input_tokens, streamed_chars // CHARS_PER_TOKEN)
+    return spent if spent is not None and spent >= balance else None
 
 
 def record(
@@ -179,7 +220,7 @@ def record(
     conn = session.connection()
     now = utcnow()
     # One Core INSERT … ON CONFLICT (message_id) DO NOTHING on the transaction's connection,
-    # built once: the check for a retry and the write are one statement (issue 14).
+    # built once: the check for a retry and the write are one statement.
     inserted = conn.execute(
         _INSERT_USAGE_ONCE[conn.dialect.name],
         {
@@ -202,12 +243,18 @@ def record(
         session, message_id=message_id, input_tokens=input_tokens, output_tokens=output_tokens
     )
     if cost_usd:
-        conn.execute(_CHARGE, {"cost": cost_usd, "now": now})
+        charged = conn.execute(_CHARGE, {"cost": cost_usd, "now": now}).first()
+        if charged is not None and charged[0] is not None and charged[1]:
+            after = float(charged[0])
+            # balance.low for the subscriptions whose threshold this charge crossed.
+            webhook_events.balance_charged(
+                session, before=after + cost_usd, after=after, charge=message_id
+            )
         loaded = session.identity_map.get(session.identity_key(BalanceRow, 1))
         if loaded is not None:  # a balance row this transaction loaded reloads its amount
             session.expire(loaded, ["amount_usd", "updated_at"])
     session.flush()
-    telemetry.count_turn(  # issue 12 item 6: once per model call, like the usage row
+    telemetry.count_turn(  # once per model call, like the usage row
         agent=agent, input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd
     )
     return True

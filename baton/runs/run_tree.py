@@ -26,7 +26,7 @@ from baton.storage.db import DelegationRow, MessageRow, SessionRow, TokenReserva
 PREVIEW_CHARS = 300
 _DELEGATIONS: Table = DelegationRow.__table__  # type: ignore[attr-defined]
 _RESERVATIONS: Table = TokenReservationRow.__table__  # type: ignore[attr-defined]
-# Built once per process: every model call and forwarded event runs these (issue 14).
+# Built once per process: every model call and forwarded event runs these.
 _CONTEXT_OF = sa_select(
     _DELEGATIONS.c.root_session_id, _DELEGATIONS.c.id, _DELEGATIONS.c.target_agent_slug
 ).where(_DELEGATIONS.c.child_session_id == bindparam("session_id"))
@@ -100,10 +100,18 @@ def start(
 
 
 def finish(
-    session: Session, *, delegation_id: str, status: str, result: str = "", error: str | None = None
+    session: Session,
+    *,
+    delegation_id: str,
+    status: str,
+    result: str = "",
+    error: str | None = None,
+    exhibits: list[dict[str, Any]] | None = None,
 ) -> None:
     """Mark a delegation completed/failed/cancelled once; emit ``delegation_complete``
-    (dropped when the run's root is closed: its stream has already ended)."""
+    (dropped when the run's root is closed: its stream has already ended), with
+    ``exhibits`` (the wires shown inside the delegation, at most 5: docs/exhibits.md)
+    when there are any."""
     row = session.get(DelegationRow, delegation_id)
     if row is None or row.finished_at is not None:
         return
@@ -123,6 +131,7 @@ def finish(
             "error": error,
             "result_preview": row.result_preview,
             "session_id": row.child_session_id,
+            **({"exhibits": exhibits} if exhibits else {}),
         },
         unless_closed=True,
     )
@@ -161,6 +170,20 @@ def forward(session: Session, session_id: str, kind: str, data: dict[str, Any]) 
         data={"delegation_id": delegation_id, "target_agent_id": agent, **data},
         unless_closed=True,  # a cancelled run's stream ends with `cancelled`
     )
+
+
+def forward_top_level(
+    session: Session, session_id: str, kind: str, data: dict[str, Any]
+) -> str | None:
+    """Append a delegated session's ``exhibit`` or ``workspace_attached`` event to its
+    run's root unchanged: same type, same data (AgentX Agent Teams, 'Multimodal specialist
+    output passes through'). Returns the root it went to; None when ``session_id`` runs
+    no delegation."""
+    ctx = context(session, session_id)
+    if ctx is None:
+        return None
+    session_store.append_event(session, session_id=ctx[0], type=kind, data=data, unless_closed=True)
+    return ctx[0]
 
 
 def run_sessions(session: Session, *, root_session_id: str) -> list[str]:
@@ -214,7 +237,7 @@ def admit_tokens(
     excluding: str | None = None,
 ) -> int:
     """The run's ``token_budget`` rule, for every path that may spend (Xema Agent Concepts 'limits',
-    enforced; issue 10 item 6): a new delegation (``need`` 0) and a new model call
+    enforced): a new delegation (``need`` 0) and a new model call
     (``need`` = its input estimate) are admitted only while
     ``used + reserved + need < token_budget``, so a model call always has room for at
     least one output token. Returns what is left, ``token_budget - used - reserved``.
@@ -308,7 +331,7 @@ def settle_tokens(
     the tokens neither reserved nor used. No reservation (no budget): nothing to do."""
     session.flush()
     conn = session.connection()
-    # Core statements built once: every metered call runs this check (issue 14).
+    # Core statements built once: every metered call runs this check.
     found = conn.execute(_OPEN_RESERVATION, {"message_id": message_id}).first()
     if found is None:
         return
@@ -423,13 +446,20 @@ class TraceNode(BaseModel):
     usage: StepUsage
     subtree_usage: StepUsage
     workflow_url: str | None = Field(
-        default=None, description="This session's page in the Temporal Web UI (issue 12)."
+        default=None, description="This session's page in the Temporal Web UI."
     )
     run_tree_url: str | None = Field(
         default=None,
         description="On the root only: the Temporal UI's list of every session of the run "
         '(`BatonRoot = "…"`).',
     )
+    forked_from: str | None = Field(
+        default=None, description="A fork: the session it was forked from."
+    )
+    fork_point: str | None = Field(
+        default=None, description="A fork: the original's message it was forked after."
+    )
+    sandbox: bool = Field(default=False, description="Runs an agent's draft (the sandbox).")
     children: list[TraceNode] = Field(default_factory=list)
 
 
@@ -477,7 +507,7 @@ def trace(
     """The delegation tree under ``session_id`` with usage per step and per subtree.
 
     ``links`` (``Settings``: ``workflow_url`` and ``workflows_url``) adds each node's
-    Temporal UI link and, on the root, the run tree's list (issue 12, item 1).
+    Temporal UI link and, on the root, the run tree's list.
     Raises SessionNotFound.
     """
     seen = _seen if _seen is not None else set()
@@ -493,6 +523,9 @@ def trace(
         usage=own,
         subtree_usage=own,
         workflow_url=links.workflow_url(row.id) if links else None,
+        forked_from=row.forked_from,
+        fork_point=row.fork_point,
+        sandbox=row.sandbox,
     )
     if links is not None and top:
         found = context(session, row.id)

@@ -8,6 +8,7 @@ in the same transaction as its ``message`` event.
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -28,14 +29,25 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
-from baton.contracts import CLOSED_STATUSES, Provenance, ResumePoint, SessionStatus, Usage
+from baton.contracts.activity_io import ResumePoint
+from baton.contracts.tool_args import PRESENT_EXHIBIT, compact_exhibit_args
+from baton.contracts.values import CLOSED_STATUSES, SessionStatus, Usage
+from baton.contracts.workflow_io import Provenance
 from baton.errors import BatonError, SessionClosed, SessionNotFound
 from baton.storage import notify
-from baton.storage.db import EventRow, MessageRow, SessionRow, StepRow, page, utcnow
+from baton.storage.db import (
+    EventRow,
+    MessageRow,
+    ProxyTokenRow,
+    SessionRow,
+    StepRow,
+    utcnow,
+)
 
 
 class InvalidCursor(BatonError):
-    """A transcript ``cursor`` that names no message of this session."""
+    """A ``cursor`` this list never gave: a transcript's naming no message of the session,
+    or a session list's that does not decode."""
 
     code = "invalid_cursor"
     status = 422
@@ -44,9 +56,12 @@ class InvalidCursor(BatonError):
 
 #: Largest transcript page (``limit``) the API serves.
 MAX_TRANSCRIPT_PAGE = 500
+#: A transcript page's size when the caller gives no ``limit``: a transcript is always paged.
+DEFAULT_TRANSCRIPT_PAGE = 100
 
 SUMMARY_CHARS = 300
-Role = Literal["user", "assistant", "tool", "error"]
+#: ``attachment``: a file a person attached to the session's workspace (docs/workspaces.md).
+Role = Literal["user", "assistant", "tool", "error", "attachment"]
 
 
 def summarise(text: str, limit: int = SUMMARY_CHARS) -> str:
@@ -98,6 +113,13 @@ class SessionPublic(BaseModel):
     depth: int
     input_tokens: int
     output_tokens: int
+    forked_from: str | None = Field(
+        default=None, description="A fork: the session it was forked from."
+    )
+    fork_point: str | None = Field(
+        default=None, description="A fork: the message of the original it was forked after."
+    )
+    sandbox: bool = Field(default=False, description="Runs an agent's draft (the sandbox).")
 
 
 class TranscriptMessage(BaseModel):
@@ -127,11 +149,16 @@ class TranscriptMessage(BaseModel):
     tool_name: str | None = None
     tool_input: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    exhibit: dict[str, Any] | None = Field(
+        default=None,
+        description="A present_exhibit turn: the exhibit's wire, as its `exhibit` event "
+        "carried it (docs/exhibits.md), so a reloaded conversation rebuilds the card.",
+    )
     at: datetime
 
 
 class Transcript(BaseModel):
-    """``GET /v1/sessions/{id}/transcript``: status line, then the messages in order."""
+    """``GET /v1/sessions/{id}/transcript``: status line, then a page of the messages in order."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -144,8 +171,8 @@ class Transcript(BaseModel):
     messages: list[TranscriptMessage] = Field(default_factory=list)
     next_cursor: str | None = Field(
         default=None,
-        description="Paged reads (`limit`): pass as `cursor` for the next page; null on the "
-        "last page (and always without `limit`).",
+        description="Pass as `cursor` for the next page; null on the last page (and on a "
+        "step's transcript, which is never paged).",
     )
 
 
@@ -168,6 +195,9 @@ def to_public(row: SessionRow) -> SessionPublic:
         depth=row.depth,
         input_tokens=row.input_tokens,
         output_tokens=row.output_tokens,
+        forked_from=row.forked_from,
+        fork_point=row.fork_point,
+        sandbox=row.sandbox,
     )
 
 
@@ -191,6 +221,10 @@ def create_session(
         parent_session_id=provenance.parent_session_id,
         team=provenance.team,
         depth=provenance.depth,
+        workspace_id=provenance.workspace_id,
+        eval_id=provenance.eval_id,
+        replay_of=provenance.replay_of,
+        sandbox=provenance.sandbox,
     )
     session.add(row)
     session.flush()
@@ -208,8 +242,8 @@ def get_session(session: Session, *, session_id: str) -> SessionRow:
 def agent_snapshot(session: Session, *, session_id: str) -> dict[str, Any] | None:
     """The ``resolved_agent`` snapshot recorded on ``session_id``'s row (by the launch, or
     the workflow's ``load_agent``); None until one is. Read by a session's first model call
-    on each worker: one column by a Core query, not the whole row through the ORM (issue
-    14). Raises SessionNotFound."""
+    on each worker: one column by a Core query, not the whole row through the ORM.
+    Raises SessionNotFound."""
     session.flush()
     found = session.connection().execute(_SNAPSHOT, {"session_id": session_id}).first()
     if found is None:
@@ -225,19 +259,102 @@ def list_sessions(
     limit: int = 50,
     offset: int = 0,
     agents: list[str] | None = None,
+    sandbox: bool | None = None,
+    ids: list[str] | None = None,
+    since: datetime | None = None,
 ) -> tuple[list[SessionRow], int]:
-    """Sessions newest first (optionally of one agent, or of ``agents``), and the total count.
+    """Sessions newest first, filtered as :func:`page_sessions` filters them, and the total
+    count (:func:`page_sessions` without a cursor)."""
+    rows, total, _ = page_sessions(
+        session,
+        agent=agent,
+        limit=limit,
+        offset=offset,
+        agents=agents,
+        sandbox=sandbox,
+        ids=ids,
+        since=since,
+    )
+    return rows, total
 
-    Steps are not sessions here (issue 12, item 4): a step keeps its transcript in a
-    session row under its own id, but lists of sessions (API, console, tools) omit it.
+
+def session_cursor(row: SessionRow) -> str:
+    """The opaque list cursor after ``row``: its ``created_at`` and id, base64url."""
+    raw = f"{row.created_at.isoformat()}|{row.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _after_cursor(cursor: str) -> tuple[datetime, str]:
+    """``(created_at, id)`` a :func:`session_cursor` names. Raises InvalidCursor."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        at, _, sid = raw.partition("|")
+        created = datetime.fromisoformat(at)
+    except ValueError:
+        created, sid = None, ""
+    if created is None or created.tzinfo is None or not sid:
+        raise InvalidCursor(f"cursor '{cursor[:160]}' is not a session list's", path="cursor")
+    return created, sid
+
+
+def page_sessions(
+    session: Session,
+    *,
+    agent: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    cursor: str | None = None,
+    agents: list[str] | None = None,
+    sandbox: bool | None = None,
+    ids: list[str] | None = None,
+    since: datetime | None = None,
+) -> tuple[list[SessionRow], int, str | None]:
+    """One page of sessions newest first (``created_at`` descending, then id descending),
+    optionally of one agent or of ``agents``; ``sandbox``: only sandbox sessions, or none;
+    only ``ids``; only those created at or after ``since``: ``(rows, total count,
+    next_cursor)``.
+
+    ``cursor`` (a previous page's ``next_cursor``, :func:`session_cursor`) is keyset paging:
+    the sessions after that one, one range read of ``ix_sessions_created_at`` whatever the
+    depth, and disjoint from the pages before it however many sessions were created since.
+    ``offset`` skips rows instead (the database reads and drops them: a deep page costs its
+    depth). ``next_cursor`` is set while more sessions follow, None on the last page.
+    Steps are not sessions here: a step keeps its transcript in a session row under its own
+    id, but lists of sessions (API, console, tools) omit it. Nor are an eval's replays
+    (``eval_id``): they are the eval's, read through its report. Raises InvalidCursor.
     """
-    where: list[Any] = [col(SessionRow.id).not_in(select(StepRow.id))]
+    where: list[Any] = [
+        col(SessionRow.id).not_in(select(StepRow.id)),
+        col(SessionRow.eval_id).is_(None),
+    ]
+    if sandbox is not None:
+        where.append(col(SessionRow.sandbox) == sandbox)
+    if ids is not None:
+        where.append(col(SessionRow.id).in_(ids))
+    if since is not None:
+        where.append(col(SessionRow.created_at) >= since)
     if agent is not None:
         where.append(col(SessionRow.agent_slug) == agent)
     if agents is not None:
         where.append(col(SessionRow.agent_slug).in_(agents))
-    newest_first = [col(SessionRow.created_at).desc(), col(SessionRow.id)]
-    return page(session, SessionRow, where=where, order_by=newest_first, limit=limit, offset=offset)
+    total = session.exec(select(sa_func.count()).select_from(SessionRow).where(*where)).one()
+    if cursor is not None:
+        at, sid = _after_cursor(cursor)
+        # The range on created_at alone is what an index serves; the OR breaks its ties.
+        where.append(col(SessionRow.created_at) <= at)
+        where.append((col(SessionRow.created_at) < at) | (col(SessionRow.id) < sid))
+    found = list(
+        session.exec(
+            select(SessionRow)
+            .where(*where)
+            .order_by(col(SessionRow.created_at).desc(), col(SessionRow.id).desc())
+            .offset(offset)
+            .limit(limit + 1)  # one more tells whether another page follows
+        ).all()
+    )
+    rows = found[:limit]
+    next_cursor = session_cursor(rows[-1]) if len(found) > limit else None
+    return rows, int(total), next_cursor
 
 
 #: The tables of the hot writes, for Core statements (no ORM machinery per statement).
@@ -248,7 +365,7 @@ _EVENTS: Table = EventRow.__table__  # type: ignore[attr-defined]
 #: ``Session.info`` key of the events a PostgreSQL transaction writes at commit.
 _PENDING_EVENTS = "baton_pending_events"
 
-# The statements of a turn's writes, built once per process (issue 14). Building a
+# The statements of a turn's writes, built once per process. Building a
 # statement and generating its cache key cost more CPU than running it; a statement
 # object built once keeps its cache key (SQLAlchemy memoizes it), so each execution is a
 # compiled-cache hit with new bind values. Closed statuses are spelled out as constants,
@@ -323,17 +440,24 @@ def _unbump(with_usage: bool) -> Any:
 _UNBUMP, _UNBUMP_USAGE = _unbump(False), _unbump(True)
 
 
-def _history_statements(tool_calls: Any) -> tuple[Any, Any]:
-    """:func:`history`'s two reads (all messages; the newest ``last``), ``tool_calls``
-    being the column expression that reads the messages' tool calls."""
-    query = sa_select(
+def _history_columns(tool_calls: Any) -> tuple[Any, ...]:
+    """The columns of a :class:`HistoryItem`, ``tool_calls`` being the column expression
+    that reads the messages' tool calls."""
+    return (
         _MESSAGES.c.role,
         _MESSAGES.c.text,
         _MESSAGES.c.tool_name,
         _MESSAGES.c.tool_call_id,
         tool_calls,
         _MESSAGES.c.is_error,
-    ).where(_MESSAGES.c.session_id == bindparam("session_id"))
+    )
+
+
+def _history_statements(tool_calls: Any) -> tuple[Any, Any]:
+    """:func:`history`'s two reads (all messages; the newest ``last``)."""
+    query = sa_select(*_history_columns(tool_calls)).where(
+        _MESSAGES.c.session_id == bindparam("session_id")
+    )
     newest = query.order_by(_MESSAGES.c.position.desc(), _MESSAGES.c.id.desc())
     return query.order_by(_MESSAGES.c.position), newest.limit(bindparam("last"))
 
@@ -341,14 +465,119 @@ def _history_statements(tool_calls: Any) -> tuple[Any, Any]:
 #: Most messages carry no tool calls, stored as JSON ``null``. SQLite hands the text back
 #: to be decoded row by row, so there ``NULLIF(…, 'null')`` returns SQL NULL, which is
 #: never decoded (PostgreSQL's driver decodes JSON itself, and has no ``=`` for json).
-_HISTORY = {
-    "sqlite": _history_statements(
-        sa_type_coerce(
-            sa_func.nullif(sa_type_coerce(_MESSAGES.c.tool_calls, Text), "null"), JSON
-        ).label("tool_calls")
-    ),
-    "postgresql": _history_statements(_MESSAGES.c.tool_calls),
+_TOOL_CALLS = {
+    "sqlite": sa_type_coerce(
+        sa_func.nullif(sa_type_coerce(_MESSAGES.c.tool_calls, Text), "null"), JSON
+    ).label("tool_calls"),
+    "postgresql": _MESSAGES.c.tool_calls,
 }
+_HISTORY = {dialect: _history_statements(column) for dialect, column in _TOOL_CALLS.items()}
+_FORK_PREFIX = sa_select(_SESSIONS.c.fork_prefix).where(_SESSIONS.c.id == bindparam("session_id"))
+
+
+class Segment(NamedTuple):
+    """One stretch of a transcript: ``session_id``'s messages up to and including the one at
+    (``position``, ``message_id``), or all of them when ``position`` is None."""
+
+    session_id: str
+    position: str | None = None
+    message_id: str | None = None
+
+    def holds(self, message: MessageRow) -> bool:
+        """Whether ``message`` lies in this stretch."""
+        return message.session_id == self.session_id and (
+            self.position is None
+            or (message.position, message.id) <= (self.position, self.message_id or "")
+        )
+
+    def where(self) -> list[Any]:
+        """The SQL conditions of this stretch."""
+        where: list[Any] = [col(MessageRow.session_id) == self.session_id]
+        if self.position is not None:
+            where.append(
+                sa_tuple(col(MessageRow.position), col(MessageRow.id))
+                <= sa_tuple(self.position, self.message_id)
+            )
+        return where
+
+
+def fork_prefix(session: Session, *, session_id: str) -> list[Segment]:
+    """The stretches of other sessions a fork reads before its own messages, oldest first
+    (``[]`` for a session that is no fork, or an unknown one): one column read."""
+    session.flush()
+    found = session.connection().execute(_FORK_PREFIX, {"session_id": session_id}).first()
+    return [Segment(*seg) for seg in found[0]] if found is not None and found[0] else []
+
+
+def segments(session: Session, *, session_id: str) -> list[Segment]:
+    """Every stretch of ``session_id``'s transcript, oldest first: its fork prefix (held by
+    reference), then its own messages."""
+    return [*fork_prefix(session, session_id=session_id), Segment(session_id)]
+
+
+def read_messages(
+    session: Session,
+    segs: list[Segment],
+    *,
+    after: MessageRow | None = None,
+    limit: int | None = None,
+    role: Role | None = None,
+) -> list[MessageRow]:
+    """Messages of the transcript ``segs`` in order, after ``after`` (a message in one of
+    them), at most ``limit``, only of ``role`` when given: one indexed range read per
+    stretch it reaches, whatever the transcript's length."""
+    start = next((i for i, seg in enumerate(segs) if after and seg.holds(after)), 0)
+    out: list[MessageRow] = []
+    for i, seg in enumerate(segs[start:], start):
+        query = select(MessageRow).where(*seg.where())
+        if after is not None and i == start:
+            query = query.where(
+                sa_tuple(col(MessageRow.position), col(MessageRow.id))
+                > sa_tuple(after.position, after.id)
+            )
+        if role is not None:
+            query = query.where(col(MessageRow.role) == role)
+        query = query.order_by(col(MessageRow.position), col(MessageRow.id))
+        if limit is not None:
+            query = query.limit(limit - len(out))
+        out += session.exec(query).all()
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def count_messages(session: Session, segs: list[Segment]) -> int:
+    """How many messages the transcript ``segs`` holds (one COUNT per stretch)."""
+    return sum(
+        int(session.exec(select(sa_func.count()).select_from(MessageRow).where(*seg.where())).one())
+        for seg in segs
+    )
+
+
+def _forked_history(
+    session: Session, prefix: list[Segment], *, session_id: str, last: int | None
+) -> list[HistoryItem]:
+    """:func:`history` of a fork: the newest ``last`` messages across its stretches, read
+    newest stretch first and stopping once the window is full."""
+    conn = session.connection()
+    columns = _history_columns(_TOOL_CALLS[conn.dialect.name])
+    chunks: list[list[HistoryItem]] = []
+    remaining = last
+    for seg in reversed([*prefix, Segment(session_id)]):
+        query = (
+            sa_select(*columns)
+            .where(*seg.where())
+            .order_by(_MESSAGES.c.position.desc(), _MESSAGES.c.id.desc())
+        )
+        if remaining is not None:
+            query = query.limit(remaining)
+        rows = conn.execute(query).all()
+        chunks.append([HistoryItem._make(row) for row in reversed(rows)])
+        if remaining is not None:
+            remaining -= len(rows)
+            if remaining <= 0:
+                break
+    return [item for chunk in reversed(chunks) for item in chunk]
 
 
 def append_event(
@@ -416,7 +645,7 @@ def _write_pending_events(session: Session) -> None:
     )
     rows = [r for r, unless, _ in pending if not (unless and r["session_id"] in closed)]
     if rows:  # one multi-row INSERT: ids follow the list's order
-        # Followers in other processes: LISTEN baton_events hears it at commit (issue 14).
+        # Followers in other processes: LISTEN baton_events hears it at commit.
         session.connection().execute(_INSERT_EVENT_NOTIFY, rows)
 
 
@@ -497,8 +726,8 @@ def set_status(session: Session, *, session_id: str, status: SessionStatus) -> N
 def set_resume_input(session: Session, *, point: ResumePoint) -> None:
     """Store ``point`` as where session ``point.input.session_id``'s next run starts.
 
-    Written by the ``record_resume`` activity just before an idle run completes (issue
-    12, item 2). A closed session is left as it is: nothing may start it again.
+    Written by the ``record_resume`` activity just before an idle run completes.
+    A closed session is left as it is: nothing may start it again.
     Raises SessionNotFound.
     """
     session_id = point.input.session_id
@@ -536,15 +765,21 @@ def resume_input(session: Session, *, session_id: str) -> tuple[ResumePoint, str
     if row.resume_input is None:
         raise SessionClosed(f"session '{session_id}' is no longer running")
     point = ResumePoint.model_validate(row.resume_input)
+    stored_turn = newest_turn(session, session_id=session_id)
+    if stored_turn > point.input.turn:
+        point.input = point.input.model_copy(update={"turn": stored_turn})
+    return point, row.name
+
+
+def newest_turn(session: Session, *, session_id: str) -> int:
+    """The newest turn ``session_id``'s own messages reach (the first field of their
+    positions); 0 without messages."""
     newest = session.execute(
         sa_select(sa_func.max(col(MessageRow.position))).where(
             col(MessageRow.session_id) == session_id
         )
     ).scalar()
-    stored_turn = int(str(newest).split(".", 1)[0]) if newest else 0
-    if stored_turn > point.input.turn:
-        point.input = point.input.model_copy(update={"turn": stored_turn})
-    return point, row.name
+    return int(str(newest).split(".", 1)[0]) if newest else 0
 
 
 def get_message(session: Session, *, message_id: str) -> MessageRow | None:
@@ -579,7 +814,7 @@ def add_message(
     once per process, run on the transaction's connection, no ORM object built.
     """
     # Core statements on the transaction's connection: the ORM's per-statement machinery
-    # (identity lookups, bulk-persistence compile) cost more CPU than the SQL (issue 14).
+    # (identity lookups, bulk-persistence compile) cost more CPU than the SQL.
     now = utcnow()
     conn = session.connection()
     bump = {"session_id": session_id, "message_id": message_id, "now": now}
@@ -619,7 +854,13 @@ def add_message(
     if tool_name:
         event["tool_name"] = tool_name
     if tool_calls:
-        event["tool_calls"] = tool_calls
+        # An exhibit's content reaches the stream once, in its own ``exhibit`` event.
+        event["tool_calls"] = [
+            {**c, "args": compact_exhibit_args(c.get("args") or {})}
+            if c.get("name") == PRESENT_EXHIBIT
+            else c
+            for c in tool_calls
+        ]
     if is_error:
         event["is_error"] = True
     append_event(session, session_id=session_id, type="message", data=event)
@@ -628,14 +869,8 @@ def add_message(
 
 
 def messages(session: Session, *, session_id: str) -> list[MessageRow]:
-    """The transcript in order."""
-    return list(
-        session.exec(
-            select(MessageRow)
-            .where(MessageRow.session_id == session_id)
-            .order_by(col(MessageRow.position))
-        ).all()
-    )
+    """The transcript in order (a fork's prefix read through)."""
+    return read_messages(session, segments(session, session_id=session_id))
 
 
 class HistoryItem(NamedTuple):
@@ -657,15 +892,24 @@ def history(session: Session, *, session_id: str, last: int | None = None) -> li
     ``BATON_CONTEXT_MESSAGES``), trimmed to start at a user message when the window holds
     one, so the model never reads a reply whose question was cut off; None loads all.
     Loaded on every model call, so it skips ORM objects and unused JSON columns, and a
-    bounded read never touches the older rows (issue 14).
+    bounded read never touches the older rows.
     """
     conn = session.connection()
     every, newest_first = _HISTORY[conn.dialect.name]
+    prefix = fork_prefix(session, session_id=session_id)
+    if prefix:
+        return _trim(_forked_history(session, prefix, session_id=session_id, last=last), last)
     if last is None:
         rows = conn.execute(every, {"session_id": session_id}).all()
         return [HistoryItem._make(row) for row in rows]
     newest = conn.execute(newest_first, {"session_id": session_id, "last": last}).all()
-    items = [HistoryItem._make(row) for row in reversed(newest)]
+    return _trim([HistoryItem._make(row) for row in reversed(newest)], last)
+
+
+def _trim(items: list[HistoryItem], last: int | None) -> list[HistoryItem]:
+    """A bounded window starts at its first user message (when it holds one)."""
+    if last is None:
+        return items
     first_user = next((i for i, m in enumerate(items) if m.role == "user"), 0)
     return items[first_user:]
 
@@ -678,25 +922,21 @@ def transcript(
 
     Without ``limit``: every message. With ``limit``: at most that many, in order, after
     the message ``cursor`` names (a previous page's ``next_cursor``: the id of its last
-    message), with ``next_cursor`` set while more follow. One indexed range read per page,
-    whatever the transcript's length (issue 14). Raises SessionNotFound, InvalidCursor.
+    message), with ``next_cursor`` set while more follow. One indexed range read per page
+    (a fork's: per stretch the page reaches, its prefix read through), whatever the
+    transcript's length. Raises SessionNotFound, InvalidCursor.
     """
     row = get_session(session, session_id=session_id)
-    query = select(MessageRow).where(MessageRow.session_id == session_id)
+    segs = segments(session, session_id=session_id)
+    after = None
     if cursor is not None:
         after = session.get(MessageRow, cursor)
-        if after is None or after.session_id != session_id:
+        if after is None or not any(seg.holds(after) for seg in segs):
             raise InvalidCursor(
                 f"cursor '{cursor[:160]}' names no message of this session", path="cursor"
             )
-        query = query.where(
-            sa_tuple(col(MessageRow.position), col(MessageRow.id))
-            > sa_tuple(after.position, after.id)
-        )
-    query = query.order_by(col(MessageRow.position), col(MessageRow.id))
-    if limit is not None:
-        query = query.limit(limit + 1)  # one more tells whether another page follows
-    found = list(session.exec(query).all())
+    # One more than the page tells whether another page follows.
+    found = read_messages(session, segs, after=after, limit=None if limit is None else limit + 1)
     next_cursor = None
     if limit is not None and len(found) > limit:
         found = found[:limit]
@@ -704,7 +944,8 @@ def transcript(
     out = []
     for m in found:
         tool_input = None
-        if m.tool_args is not None:
+        exhibit = exhibit_wire(m.tool_name, m.tool_args)
+        if m.tool_args is not None and exhibit is None:
             tool_input = summarise(json_compact(m.tool_args))
         out.append(
             TranscriptMessage(
@@ -717,10 +958,19 @@ def transcript(
                 tool_calls=[{"id": c["id"], "name": c["name"]} for c in m.tool_calls]
                 if m.tool_calls
                 else None,
+                exhibit=exhibit,
                 at=m.created_at,
             )
         )
     return Transcript(session_id=row.id, status=row.status, messages=out, next_cursor=next_cursor)
+
+
+def exhibit_wire(tool_name: str | None, tool_args: Any) -> dict[str, Any] | None:
+    """The exhibit wire a ``present_exhibit`` turn stores in its ``tool_args``, if any."""
+    if tool_name != PRESENT_EXHIBIT or not isinstance(tool_args, dict):
+        return None
+    wire = tool_args.get("exhibit")
+    return wire if isinstance(wire, dict) else None
 
 
 def json_compact(value: Any) -> str:
@@ -740,3 +990,11 @@ def events_after(
             .limit(limit)
         ).all()
     )
+
+
+def is_external(s: Session, *, session_id: str) -> bool:
+    """Whether ``session_id`` is an external session (it has had a proxy token)."""
+    found = s.exec(
+        select(ProxyTokenRow.id).where(ProxyTokenRow.session_id == session_id).limit(1)
+    ).first()
+    return found is not None

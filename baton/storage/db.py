@@ -78,7 +78,14 @@ class AgentDraft(SQLModel, table=True):
 
 
 class AgentRevision(SQLModel, table=True):
-    """An immutable published revision; ``version`` counts 1, 2, 3 … per agent."""
+    """An immutable published revision; ``version`` counts 1, 2, 3 … per agent.
+
+    ``extends_pins`` is the ``extends`` chain the revision was published against, as
+    pins nearest base first (``["mid@2", "base@3"]``, ``[]`` without ``extends``): its
+    resolution reads those revisions, never the bases' live pointers (docs/agents.md,
+    'Pinned bases'). NULL only for a revision whose chain did not resolve when
+    migration 0009 pinned the existing rows; it follows the live pointers.
+    """
 
     __tablename__ = "agent_revisions"
     __table_args__ = (sa.UniqueConstraint("agent_id", "version", name="uq_revision_version"),)
@@ -88,7 +95,10 @@ class AgentRevision(SQLModel, table=True):
     version: int
     digest: str = Field(max_length=71)
     spec: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    extends_pins: list[str] | None = Field(default=None, sa_type=sa.JSON)
     published_at: datetime = _ts()
+    #: The eval this revision passed to be published (its agent's publish gate), or None.
+    eval_id: str | None = Field(default=None, max_length=80)
 
 
 class AgentLivePointer(SQLModel, table=True):
@@ -124,6 +134,23 @@ class SessionRow(SQLModel, table=True):
     parent_session_id: str | None = Field(default=None, max_length=80)
     team: str | None = Field(default=None, max_length=63)
     depth: int = 0
+    #: A fork (docs/change-safely.md, Fork a session): the session it was forked from and the
+    #: message it was forked after; ``fork_prefix`` lists the transcript segments it reads
+    #: through, oldest first, as ``[session_id, position, message_id]`` (each segment is
+    #: that session's messages up to and including that one): the prefix is held by
+    #: reference, never copied.
+    forked_from: str | None = Field(default=None, index=True, max_length=80)
+    fork_point: str | None = Field(default=None, max_length=160)
+    fork_prefix: list[list[str | None]] | None = Field(default=None, sa_type=sa.JSON)
+    #: Runs an agent's draft (the authoring sandbox): never a published revision.
+    sandbox: bool = False
+    #: The workspace the session works in when it is another session's (a ``shareable``
+    #: subagent task or delegation: docs/workspaces.md); NULL = its own, named by its id.
+    workspace_id: str | None = Field(default=None, max_length=80)
+    #: A replay an eval started (docs/change-safely.md, Replay against a candidate): the
+    #: eval, and the recorded session whose user turns it replays. Ordinary lists omit it.
+    eval_id: str | None = Field(default=None, index=True, max_length=80)
+    replay_of: str | None = Field(default=None, max_length=80)
     message_count: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -161,6 +188,27 @@ class EventRow(SQLModel, table=True):
     session_id: str = Field(index=True, max_length=80)
     type: str = Field(max_length=40)
     data: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    created_at: datetime = _ts()
+
+
+class ExhibitRow(SQLModel, table=True):
+    """Something an agent showed the person (docs/exhibits.md): its wire (the JSON the
+    ``exhibit`` event, the transcript and ``delegation_complete`` carry) and, for an image
+    or a download, its decoded ``content``, served by the API and never sent through
+    Temporal. ``session_id`` presented it; ``root_session_id`` is its run's root, where a
+    delegated exhibit is forwarded; ``delegation_id`` the delegation it was made in."""
+
+    __tablename__ = "exhibits"
+
+    id: str = Field(primary_key=True, max_length=40)
+    session_id: str = Field(foreign_key="sessions.id", index=True, max_length=80)
+    root_session_id: str = Field(max_length=80)
+    delegation_id: str | None = Field(default=None, index=True, max_length=200)
+    message_id: str = Field(max_length=160, description="The present_exhibit tool message.")
+    kind: str = Field(max_length=20)
+    wire: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    media_type: str | None = Field(default=None, max_length=100)
+    content: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
     created_at: datetime = _ts()
 
 
@@ -207,7 +255,7 @@ class ReviewRow(SQLModel, table=True):
 
     __tablename__ = "reviews"
     # The review inbox (GET /v1/reviews?status=pending, newest first) reads one page off
-    # this index instead of sorting every pending review (issue 14: 1,000 pending).
+    # this index instead of sorting every pending review (bench/held.py keeps 1,000 pending).
     __table_args__ = (sa.Index("ix_reviews_status_created_at", "status", "created_at"),)
 
     id: str = Field(primary_key=True, max_length=80)
@@ -223,6 +271,9 @@ class ReviewRow(SQLModel, table=True):
     decision_id: str | None = Field(default=None, max_length=80)
     created_at: datetime = _ts(index=True)
     decided_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The deadline a decision must be received by (the workflow's, stored by `authorize`);
+    # None for reviews opened before it was stored.
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class AuditRow(SQLModel, table=True):
@@ -237,7 +288,9 @@ class AuditRow(SQLModel, table=True):
     caller_agent_slug: str = Field(max_length=63, index=True)
     operation: str = Field(max_length=10)
     target_agent_slug: str | None = Field(default=None, max_length=63, index=True)
-    outcome: str = Field(max_length=20)  # allow | block | denied_by_user | review_timeout
+    outcome: str = Field(
+        max_length=20
+    )  # allow | block | denied_by_user | review_timeout | cancelled
     decided_by: str = Field(max_length=200)
     reason: str = Field(default="", max_length=500)
     #: The path an operation that makes another agent run came by (docs/xagent.md):
@@ -361,7 +414,7 @@ class StepRow(SQLModel, table=True):
 
 
 class UsageRow(SQLModel, table=True):
-    """One metered model call: tokens and cost, by agent, session, step and day (issue 6)."""
+    """One metered model call: tokens and cost, by agent, session, step and day."""
 
     __tablename__ = "usage"
 
@@ -375,7 +428,7 @@ class UsageRow(SQLModel, table=True):
     requests: int = 1
     input_tokens: int = 0
     output_tokens: int = 0
-    cost_usd: float | None = None  # None: no price known for the model (issue 12)
+    cost_usd: float | None = None  # None: no price known for the model
     at: datetime = _ts()
 
 
@@ -390,7 +443,7 @@ class BalanceRow(SQLModel, table=True):
 
 
 class ProxyTokenRow(SQLModel, table=True):
-    """An external session's proxy token (issue 13, docs/mcp.md): bound to one session and
+    """An external session's proxy token (docs/mcp.md): bound to one session and
     its agent, acting with the session owner's roles. Only the SHA-256 is stored, as for
     API tokens; a session with a row here is external (its turns are taken outside)."""
 
@@ -408,7 +461,7 @@ class ProxyTokenRow(SQLModel, table=True):
 
 
 class TokenReservationRow(SQLModel, table=True):
-    """What one model call under a run's ``token_budget`` may spend (issue 10, item 6).
+    """What one model call under a run's ``token_budget`` may spend.
 
     Keyed by the assistant message id the workflow chose, so a retried call reuses its
     reservation; settled (``settled_at``, ``actual_tokens``) in the transaction that
@@ -432,7 +485,7 @@ class TokenReservationRow(SQLModel, table=True):
 
 
 class InquiryRow(SQLModel, table=True):
-    """One question to an ambassador about a session, and its answer (issue 15).
+    """One question to an ambassador about a session, and its answer.
 
     The thread of a session and user is their inquiries by ``created_at``. Nothing
     here is ever read into the session's transcript, events or usage (AgentX Agent Teams,
@@ -475,6 +528,103 @@ class InquiryStepRow(SQLModel, table=True):
     created_at: datetime = _ts()
 
 
+class IdempotencyKeyRow(SQLModel, table=True):
+    """One ``Idempotency-Key`` a caller sent with a POST (docs/api.md, Idempotency): the
+    request's fingerprint and, once answered, the answer replayed to a retry.
+
+    ``scope`` is the caller (``local``, ``user:<id>``, ``proxy:<session>``), so one
+    caller's key never answers another's. While ``response_status`` is null the request
+    is in flight, held until ``locked_until`` (renewed by the API process running it; a
+    killed process stops renewing, so a retry may take over). Rows past ``expires_at``
+    are purged (``BATON_IDEMPOTENCY_TTL``).
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    scope: str = Field(primary_key=True, max_length=200)
+    key: str = Field(primary_key=True, max_length=255)
+    fingerprint: str = Field(max_length=64, description="SHA-256 of method, path and body.")
+    response_status: int | None = None
+    response_type: str | None = Field(default=None, max_length=100)
+    response_body: str | None = Field(default=None, sa_type=sa.Text)
+    locked_until: datetime = Field(sa_type=UTCDateTime)
+    created_at: datetime = _ts()
+    expires_at: datetime = Field(sa_type=UTCDateTime, index=True)
+
+
+class WebhookRow(SQLModel, table=True):
+    """A webhook subscription (docs/webhooks.md): where to POST which events, signed with
+    its own secret. ``owner`` is the user who created it (``local`` with auth off); the
+    secret is shown once, at creation, and kept to sign every delivery."""
+
+    __tablename__ = "webhooks"
+
+    id: str = Field(primary_key=True, max_length=80)
+    url: str = Field(max_length=2048)
+    events: list[str] = Field(default_factory=list, sa_type=sa.JSON)
+    agent_slug: str | None = Field(default=None, max_length=63)
+    team: str | None = Field(default=None, max_length=63)
+    balance_low_usd: float | None = None
+    description: str = Field(default="", max_length=500)
+    secret: str = Field(max_length=100)
+    owner: str = Field(index=True, max_length=63)
+    created_at: datetime = _ts()
+
+
+class WebhookDeliveryRow(SQLModel, table=True):
+    """One event for one subscription: the signed body sent on every attempt (so a retry
+    sends the same bytes under the same ``webhook-id``) and how its attempts went."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: str = Field(primary_key=True, max_length=80)
+    webhook_id: str = Field(index=True, max_length=80)
+    event: str = Field(max_length=40)
+    payload: str = Field(sa_type=sa.Text)
+    status: str = Field(default="pending", max_length=20)
+    attempts: int = 0
+    last_error: str | None = Field(default=None, max_length=1000)
+    last_status_code: int | None = None
+    created_at: datetime = _ts(index=True)
+    last_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class EvalRow(SQLModel, table=True):
+    """An eval (docs/change-safely.md, Replay against a candidate): recorded sessions of
+    ``agent_slug`` replayed on a ``candidate`` and on a ``baseline``, and what changed.
+
+    ``candidate`` / ``baseline`` are agent references as given (``draft``, ``live``,
+    ``slug@V``); ``candidate_digest`` is the digest of the spec the candidate resolved to
+    when the eval started, so the publish gate can tell an eval of *this* draft from one
+    of an earlier edit. ``status`` is ``running``, ``completed``, ``failed`` or
+    ``cancelled``; ``total`` / ``done`` count replays (sessions), ``changed`` /
+    ``regressions`` count sessions whose final answer changed and whose replay on the
+    candidate did worse than the baseline (an error, a failed deliverable, a block the
+    baseline did not meet). ``report`` is the full comparison once finished.
+    """
+
+    __tablename__ = "evals"
+
+    id: str = Field(primary_key=True, max_length=80)
+    agent_slug: str = Field(index=True, max_length=63)
+    candidate: str = Field(max_length=80)
+    candidate_digest: str = Field(max_length=71)
+    baseline: str = Field(max_length=80)
+    options: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    status: str = Field(default="running", max_length=20)
+    total: int = 0
+    done: int = 0
+    changed: int = 0
+    regressions: int = 0
+    report: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    error: str | None = Field(default=None, max_length=1000)
+    owner: str = Field(index=True, max_length=63)
+    workflow_id: str = Field(max_length=200)
+    created_at: datetime = _ts(index=True)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; for a SQLite file, its folder is created.
 
@@ -510,8 +660,8 @@ def init_db(engine: Engine) -> None:
     an empty database (a fresh SQLite file) is migrated to head with Alembic, as
     ``baton db upgrade`` would; an existing one is never changed here and must
     already be at head. Raises :class:`baton.storage.migrate.SchemaOutOfDate` (naming
-    ``baton db upgrade``) otherwise (issue 11: only ``baton db upgrade``,
-    ``baton dev`` and ``baton demo`` migrate an existing database).
+    ``baton db upgrade``) otherwise: only ``baton db upgrade``, ``baton dev`` and
+    ``baton demo`` migrate an existing database, so no other command changes a schema.
     """
     from baton.storage import migrate
 

@@ -1,7 +1,7 @@
 """Schema migrations: Alembic driven from code (``baton db …``, ``baton dev``, start-up checks).
 
 The revisions live in the top-level :mod:`migrations` package (shipped with
-Baton, so this works from any folder). Rules (issue 11, docs/deployment.md):
+Baton, so this works from any folder). Rules (docs/deployment.md):
 
 - ``baton db upgrade`` (a one-shot job in deployments), ``baton dev`` and
   ``baton demo`` change the schema; nothing else ever does.
@@ -41,7 +41,7 @@ log = logging.getLogger("baton.migrate")
 #: Where the revisions are: next to the installed ``migrations`` package.
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 
-#: The first revision: exactly the schema ``create_all`` made before Alembic (issue 11).
+#: The first revision: exactly the schema ``create_all`` made before Alembic.
 BASELINE = "0001"
 
 #: PostgreSQL advisory lock key of a running upgrade (any constant; 'baton' in ASCII).

@@ -1,7 +1,7 @@
 """Wake SSE followers when their session's events commit, instead of each polling the DB.
 
 ``GET /v1/sessions/{id}/events`` used to read the event log every 200 ms per follower:
-400 idle followers cost 2,000 queries a second (issue 14). Now each follower waits on a
+400 idle followers cost 2,000 queries a second. Now each follower waits on a
 :class:`Subscription` of its API process's one :class:`EventNotifier`, which learns of new
 events three ways:
 

@@ -1,4 +1,4 @@
-"""usage.cost_usd nullable: NULL = no price known for the model (issue 12, item 7)
+"""usage.cost_usd nullable: NULL = no price known for the model
 
 Rows written before this revision keep 0.0 (whether their price was known is not
 recorded); from now on an unpriced call stores NULL, which ``GET /v1/usage`` and the

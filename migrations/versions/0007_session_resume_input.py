@@ -1,4 +1,4 @@
-"""sessions.resume_input: where an idle session's next workflow run starts (issue 12, item 2)
+"""sessions.resume_input: where an idle session's next workflow run starts
 
 An idle session's workflow now completes after ``BATON_SESSION_IDLE_TIMEOUT``; just
 before it does, it stores the input of its next run (pin, provenance, engine config,

@@ -1,4 +1,4 @@
-"""reviews: one (status, created_at) index for the review inbox (issue 14)
+"""reviews: one (status, created_at) index for the review inbox
 
 ``GET /v1/reviews?status=pending`` lists pending reviews newest first. With only an
 index on ``status`` the database fetched every pending review and sorted them for each

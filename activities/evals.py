@@ -1,0 +1,228 @@
+"""The eval's activities (docs/change-safely.md, Replay against a candidate): a replay of
+one recorded session on one side, the report written as each session's two replays end,
+the eval's end, and the cancel of its replays.
+
+A replay drives a session of its own through the Temporal client, as the API would: its
+first user message starts it (update-with-start), each next one is sent once the one
+before is answered. The session's id derives from the eval, the recording and the side
+(:func:`baton.evals.replay.replay_session_id`), so a retried replay (its worker was lost)
+continues the session its first attempt started from the first user message not yet
+stored, and never starts a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.outcomes import heartbeating
+from baton.contracts.activity_io import EvalEnd, ReplayInput, ReplayOutcome, ReplayPair
+from baton.contracts.values import CLOSED_STATUSES
+from baton.contracts.workflow_io import Provenance
+from baton.errors import SessionClosed, TurnFailed
+from baton.evals import compare, replay
+from baton.runs import launch, session_store
+from baton.storage.db import EvalRow, MessageRow, SessionRow, session_scope, utcnow
+
+#: Seconds between two looks at a replay session still answering (a retried replay waits
+#: for the turn its lost attempt sent).
+SETTLE_POLL_S = 0.2
+
+
+class EvalActivities:
+    """The eval's activities, bound to the database and the Temporal client."""
+
+    def __init__(self, engine: Engine, client: Client) -> None:
+        self._engine = engine
+        self._client = client
+
+    def _progress(self, session_id: str) -> tuple[str | None, int]:
+        """The replay session's status (None: not recorded yet) and its stored user turns."""
+        with session_scope(self._engine) as s:
+            row = s.get(SessionRow, session_id)
+            if row is None:
+                return None, 0
+            sent = len(
+                s.exec(
+                    select(MessageRow.id).where(
+                        MessageRow.session_id == session_id, MessageRow.role == "user"
+                    )
+                ).all()
+            )
+            return row.status, sent
+
+    def _turns_and_name(self, recorded: str) -> tuple[list[str], str]:
+        with session_scope(self._engine) as s:
+            row = session_store.get_session(s, session_id=recorded)
+            return replay.user_turns(s, session_id=recorded), f"Eval · {row.name}"[:200]
+
+    async def _settled(self, session_id: str) -> tuple[str | None, int]:
+        """The replay session once no turn of it runs (its status is not ``running``); a
+        row recorded by an attempt lost before its workflow started reads as not started."""
+        while True:
+            status, sent = await asyncio.to_thread(self._progress, session_id)
+            if status != "running":
+                return status, sent
+            if sent == 0 and not await self._started(session_id):
+                return None, 0
+            await asyncio.sleep(SETTLE_POLL_S)
+
+    async def _started(self, session_id: str) -> bool:
+        try:
+            await self._client.get_workflow_handle(session_id).describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    @activity.defn(name="replay")
+    async def replay(self, inp: ReplayInput) -> ReplayOutcome:
+        """Replay ``inp.recorded``'s user turns on ``inp.ref``, one turn after the other, in
+        the replay session of this eval and side; what it did (:class:`ReplayOutcome`).
+        A turn that fails is recorded in the replay's transcript (its error) and the next
+        one is sent; a cancelled eval cancels the replay session. Heartbeats throughout."""
+        sid = replay.replay_session_id(inp.eval_id, inp.recorded, inp.side)
+        turns, name = await asyncio.to_thread(self._turns_and_name, inp.recorded)
+        prov = Provenance(
+            created_by_user=inp.user,
+            sandbox=inp.agent is not None,
+            eval_id=inp.eval_id,
+            replay_of=inp.recorded,
+        )
+        try:
+            async with heartbeating():
+                status, sent = await self._settled(sid)
+                if status not in CLOSED_STATUSES:
+                    await self._send(inp, sid, name, prov, turns, sent)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await launch.cancel_session(self._client, self._engine, session_id=sid)
+            raise
+        return await asyncio.to_thread(self._facts, sid)
+
+    async def _send(
+        self,
+        inp: ReplayInput,
+        sid: str,
+        name: str,
+        prov: Provenance,
+        turns: list[str],
+        sent: int,
+    ) -> None:
+        """Send ``turns[sent:]`` (``sent``: the user turns the session already stored)."""
+        for index in range(sent, len(turns)):
+            update_id = f"{sid}:message-{index + 1}"
+            try:
+                if index == 0:
+                    await launch.launch_session(
+                        self._client,
+                        self._engine,
+                        task_queue=inp.task_queue,
+                        config=inp.config,
+                        ref=inp.ref,
+                        prompt=turns[0],
+                        provenance=prov,
+                        sync=True,
+                        name=name,
+                        session_id=sid,
+                        update_id=update_id,
+                        agent=inp.agent,
+                    )
+                else:
+                    await launch.send_message(
+                        self._client,
+                        self._engine,
+                        session_id=sid,
+                        prompt=turns[index],
+                        sync=True,
+                        update_id=update_id,
+                        user=inp.user,
+                    )
+            except TurnFailed:
+                continue  # its error is the replay's transcript's; the next turn goes on
+            except SessionClosed:
+                return
+
+    def _facts(self, sid: str) -> ReplayOutcome:
+        with session_scope(self._engine) as s:
+            if s.get(SessionRow, sid) is None:  # a recording with no user turn
+                return ReplayOutcome(session_id=sid)
+            f = replay.facts(s, session_id=sid)
+            return ReplayOutcome(
+                session_id=sid,
+                final=f.final,
+                tools=f.tools,
+                decisions=f.decisions,
+                tokens=f.tokens,
+                cost_usd=f.cost_usd,
+                latency_ms=f.latency_ms,
+                error=f.error,
+            )
+
+    @activity.defn(name="record_replays")
+    def record_replays(self, pair: ReplayPair) -> None:
+        """Write one recorded session's comparison into the eval's report (in the order of
+        the eval's recorded sessions), with partial totals, ``done``, ``changed`` and
+        ``regressions``. Idempotent (a session's entry is replaced); nothing once the eval
+        has ended."""
+        item = compare.compare_session(pair.recorded, pair.baseline, pair.candidate)
+        with session_scope(self._engine) as s:
+            row = s.get(EvalRow, pair.eval_id)
+            if row is None or row.status != "running":
+                return
+            order = {sid: i for i, sid in enumerate(row.options.get("session_ids", []))}
+            kept = [
+                x
+                for x in (row.report or {}).get("sessions", [])
+                if x["session_id"] != pair.recorded
+            ]
+            sessions = sorted([*kept, item], key=lambda x: order.get(x["session_id"], len(order)))
+            _write(row, sessions)
+            s.add(row)
+
+    @activity.defn(name="finish_eval")
+    def finish_eval(self, end: EvalEnd) -> None:
+        """End the eval: its status, ``finished_at`` and error (an eval already ended keeps
+        its end)."""
+        with session_scope(self._engine) as s:
+            row = s.get(EvalRow, end.eval_id)
+            if row is None or row.status != "running":
+                return
+            row.status = end.status
+            row.error = end.error[:1000] if end.error else None
+            row.finished_at = utcnow()
+            _write(row, (row.report or {}).get("sessions", []))
+            s.add(row)
+
+    @activity.defn(name="cancel_replays")
+    async def cancel_replays(self, eval_id: str) -> list[str]:
+        """Cancel every replay session of ``eval_id`` still open; their ids."""
+
+        def open_replays() -> list[str]:
+            with session_scope(self._engine) as s:
+                return [
+                    r.id
+                    for r in replay.eval_sessions(s, eval_id=eval_id)
+                    if r.status not in CLOSED_STATUSES
+                ]
+
+        ids = await asyncio.to_thread(open_replays)
+        for sid in ids:
+            await launch.cancel_session(self._client, self._engine, session_id=sid)
+        return ids
+
+
+def _write(row: EvalRow, sessions: list[dict[str, object]]) -> None:
+    """The eval's report and counters from its finished sessions."""
+    report = compare.report(sessions)
+    row.report = report
+    row.done = len(sessions)
+    row.changed = report["totals"]["changed"]
+    row.regressions = report["totals"]["regressions"]

@@ -1,0 +1,108 @@
+"""The console's composer while a turn runs and the review card's edit box (docs/console.md),
+in Debian's chromium via Playwright against the real API + worker + dev server."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from playwright.sync_api import Page, expect
+
+from tests.test_console import (  # noqa: F401  (the fixtures)
+    Stack,
+    _caller,
+    _launch,
+    _review_of,
+    _wait_status,
+    browser,
+    page,
+    stack,
+)
+
+
+def _last_text(st: Stack, sid: str) -> str:
+    msgs = st.http.get(f"/v1/sessions/{sid}/transcript").json()["messages"]
+    return str(msgs[-1]["text"])
+
+
+def _allow_edited(st: Stack, on: Page, sid: str, edits: dict[str, str]) -> dict[str, Any]:
+    """On the session page, fill the review card's edit fields (label → text) and Allow
+    once; the tool result the caller echoed once its turn is over."""
+    card = on.locator(f'[data-review="{_review_of(st.http, sid)}"]')
+    for label, text in edits.items():
+        card.get_by_label(label).fill(text)
+    card.get_by_role("button", name="Allow once").click()
+    expect(card.locator(".outcome")).to_have_text("Allowed by local")
+    _wait_status(st.http, sid, "idle")
+    result: dict[str, Any] = json.loads(_last_text(st, sid).removeprefix("RESULT "))
+    return result
+
+
+def test_an_edited_allow_and_an_interrupt_from_the_session_page(
+    stack: Stack,  # noqa: F811  (the fixture imported above)
+    page: Page,  # noqa: F811
+) -> None:
+    """On the session page a review card's edit box sends the edited message with Allow
+    once; while a turn runs the composer offers to interrupt it, which withdraws the
+    review it waits on and answers the new message."""
+    _caller(stack.http, "caller-e")
+    sid = _launch(stack.http, {"agent": "caller-e", "prompt": "go"})
+    _review_of(stack.http, sid)
+    page.goto(f"{stack.base}/ui/sessions/{sid}")
+    expect(page.get_by_label("While the turn runs")).to_be_visible()
+    result = _allow_edited(
+        stack, page, sid, {"Edit the message before allowing it": "hello, edited"}
+    )
+    assert result["sent_prompt"] == "hello, edited" and "edited your message" in result["note"]
+    expect(page.get_by_label("While the turn runs")).to_be_hidden()
+
+    page.get_by_label("Your message").fill("go2")
+    page.get_by_role("button", name="Send").click()
+    second = _review_of(stack.http, sid)
+    expect(page.get_by_label("While the turn runs")).to_be_visible()
+    page.get_by_label("While the turn runs").select_option("interrupt")
+    page.get_by_label("Your message").fill("never mind")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator(f'[data-review="{second}"] .outcome')).to_contain_text("Withdrawn")
+    # Between the interrupted turn and the new message's the session may read idle for
+    # a moment: wait for the answer to the new message to be the transcript's last.
+    deadline = time.monotonic() + 30
+    while "never mind" not in _last_text(stack, sid):
+        assert time.monotonic() < deadline, _last_text(stack, sid)
+        time.sleep(0.1)
+    _wait_status(stack.http, sid, "idle")
+
+
+def test_a_create_review_card_edits_the_name_and_instructions(
+    stack: Stack,  # noqa: F811  (the fixture imported above)
+    page: Page,  # noqa: F811
+) -> None:
+    """A create's review card offers the new agent's name and instructions to edit (and no
+    message edit); Allow once creates the agent with the reviewer's values."""
+    playbook = [
+        {"when": "^create_agent: ", "reply": "RESULT {last_message}"},
+        {
+            "when": "^make$",
+            "reply": "Creating.",
+            "tool_calls": [{"tool": "create_agent", "args": {"name": "Rough Draft"}}],
+        },
+    ]
+    assert stack.http.post(
+        "/v1/agents", json={"slug": "maker-e", "name": "maker-e", "spec": {"playbook": playbook}}
+    ).is_success
+    assert stack.http.post("/v1/agents/maker-e/publish").is_success
+    sid = _launch(stack.http, {"agent": "maker-e", "prompt": "make"})
+    rid = _review_of(stack.http, sid)
+    page.goto(f"{stack.base}/ui/sessions/{sid}")
+    card = page.locator(f'[data-review="{rid}"]')
+    expect(card.get_by_label("Edit the new agent's name")).to_be_visible()
+    expect(card.get_by_label("Edit the message before allowing it")).to_have_count(0)
+    edits = {
+        "Edit the new agent's name": "Polished Agent",
+        "Edit the new agent's instructions": "answer in one line",
+    }
+    result = _allow_edited(stack, page, sid, edits)
+    assert result["slug"] == "polished-agent" and "edited your request" in result["note"]
+    live = stack.http.get("/v1/agents/polished-agent/revisions/1").json()
+    assert live["spec"]["system_prompt"] == "answer in one line"

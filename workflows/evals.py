@@ -1,0 +1,122 @@
+"""EvalWorkflow: replay recorded sessions on a candidate and a baseline (docs/change-safely.md,
+Replay against a candidate).
+
+Each recorded session is replayed twice, on the candidate and on the baseline (the
+faithful baseline: the unchanged agent run again, so that noise shows), each replay a
+``replay`` activity that drives a session of its own; at most ``concurrency`` replays run at
+once. When both replays of a session are done their comparison is written into the eval's
+report (``record_replays``) before that session counts as done, so a worker lost mid-eval
+costs only the replays in flight: Temporal's history holds the finished ones, and a
+retried replay continues its own session. A cancel cancels the replays in flight and their
+sessions, and ends the eval ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.evals import EvalActivities
+    from baton.contracts.activity_io import EvalEnd, ReplayInput, ReplayOutcome, ReplayPair
+    from baton.contracts.values import ResolvedAgent
+    from baton.contracts.workflow_io import EvalInput
+
+from workflows.calls import error_cause
+from workflows.options import STORE_RETRY, heartbeat_timeout, store_timeout
+
+#: A replay sends a whole recorded conversation: its start-to-close.
+REPLAY_TIMEOUT = timedelta(hours=6)
+#: Replays attach to what an earlier attempt started (ids derive from the eval), so a
+#: retry is safe; a lost worker's replay is retried after the heartbeat timeout.
+REPLAY_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=20,
+)
+
+
+@workflow.defn(name="Eval")
+class EvalWorkflow:
+    """An eval. Input: :class:`EvalInput`; result: its final status."""
+
+    @workflow.run
+    async def run(self, inp: EvalInput) -> str:
+        """Replay every recorded session on both sides, record each, end the eval."""
+        slots = asyncio.Semaphore(inp.concurrency)
+        writing = asyncio.Lock()  # one writer of the report at a time (read, then write)
+
+        async def replay(
+            recorded: str, side: str, ref: str, agent: ResolvedAgent | None
+        ) -> ReplayOutcome:
+            async with slots:
+                outcome: ReplayOutcome = await workflow.execute_activity_method(
+                    EvalActivities.replay,
+                    ReplayInput(
+                        eval_id=inp.eval_id,
+                        recorded=recorded,
+                        side=side,
+                        ref=ref,
+                        agent=agent,
+                        user=inp.user,
+                        task_queue=inp.task_queue,
+                        config=inp.config,
+                    ),
+                    start_to_close_timeout=REPLAY_TIMEOUT,
+                    heartbeat_timeout=heartbeat_timeout(inp.config),
+                    retry_policy=REPLAY_RETRY,
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                    summary=f"{side} · {recorded}",
+                )
+                return outcome
+
+        async def session(recorded: str) -> None:
+            baseline, candidate = await asyncio.gather(
+                replay(recorded, "baseline", inp.baseline, inp.baseline_agent),
+                replay(recorded, "candidate", inp.candidate, inp.candidate_agent),
+            )
+            async with writing:
+                await workflow.execute_activity_method(
+                    EvalActivities.record_replays,
+                    ReplayPair(
+                        eval_id=inp.eval_id,
+                        recorded=recorded,
+                        baseline=baseline,
+                        candidate=candidate,
+                    ),
+                    start_to_close_timeout=store_timeout(inp.config),
+                    retry_policy=STORE_RETRY,
+                    summary=f"record · {recorded}",
+                )
+
+        try:
+            await asyncio.gather(*(session(r) for r in inp.recorded))
+        except asyncio.CancelledError:
+            await workflow.execute_activity_method(
+                EvalActivities.cancel_replays,
+                inp.eval_id,
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=STORE_RETRY,
+                summary="cancel replays",
+            )
+            await self._end(inp, "cancelled", None)
+            raise
+        except ActivityError as err:
+            await self._end(inp, "failed", error_cause(err))
+            return "failed"
+        await self._end(inp, "completed", None)
+        return "completed"
+
+    async def _end(self, inp: EvalInput, status: str, error: str | None) -> None:
+        await workflow.execute_activity_method(
+            EvalActivities.finish_eval,
+            EvalEnd(eval_id=inp.eval_id, status=status, error=error),
+            start_to_close_timeout=store_timeout(inp.config),
+            retry_policy=STORE_RETRY,
+            summary=status,
+        )
