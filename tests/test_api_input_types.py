@@ -164,6 +164,9 @@ def auth_stack(
             "review_id": "review-00000000-0000-0000-0000-000000000000",
             "inquiry_id": "inquiry-00000000-0000-0000-0000-000000000000",
             "webhook_id": hook.json()["id"],
+            "eval_id": "eval-00000000-0000-0000-0000-000000000000",
+            "exhibit_id": "exhibit-00000000-0000-0000-0000-000000000000",
+            "path": "notes.txt",
         }
         try:
             yield users, st, ids
@@ -211,6 +214,11 @@ FILES: dict[tuple[str, str], Any] = {
     ("post", "/v1/sessions/{session_id}/inquiries/voice"): {
         "audio": ("question.webm", b"\x1aE\xdf\xa3", "audio/webm")
     },
+}
+
+#: Operations whose body is raw bytes (a workspace file): the bytes they take.
+RAW: dict[tuple[str, str], bytes] = {
+    ("put", "/v1/sessions/{session_id}/files/{path}"): b"hello",
 }
 
 
@@ -263,6 +271,8 @@ def test_every_operation_documents_the_problems_it_returns(
         kwargs: dict[str, Any] = {}
         if json_body:
             kwargs = {"json": BODIES[(method, path)]}
+        elif (method, path) in RAW:
+            kwargs = {"content": RAW[(method, path)]}
         elif has_body:
             kwargs = {"files": FILES[(method, path)]}
         seen.add(status_of(bob, method, url, **kwargs))

@@ -248,7 +248,9 @@ def test_handoff_reply_shows_the_status_the_decision_led_to(stack: Stack) -> Non
     assert stack.http.get(f"/v1/steps/{step_id}").json()["status"] == "completed"
 
 
-def test_sessions_list_omits_steps_and_a_step_has_a_transcript(stack: Stack) -> None:
+def test_sessions_list_omits_steps_and_a_step_has_a_transcript(
+    stack: Stack, reviewed_run: dict[str, Any]
+) -> None:
     """GET /v1/sessions lists no step; GET /v1/steps/{id}/transcript has every attempt."""
     step_id = launch_handoff_step(stack)
     listed = stack.http.get("/v1/sessions", params={"limit": 200}).json()
