@@ -88,7 +88,9 @@ def report_table(body: dict[str, Any]) -> Table:
     """Per session: changed?, similarity of the final answers, the tool diff, the
     candidate's decisions when they changed, tokens and cost (baseline → candidate)."""
     table = Table(title=f"{body['id']} · {body['candidate']} against {body['baseline']}")
-    for col in ("session", "changed", "similarity", "tools", "decisions", "tokens", "cost $"):
+    # A session id is what a reader copies into `baton trace`: it folds, never elides.
+    table.add_column("session", no_wrap=False, overflow="fold")
+    for col in ("changed", "similarity", "tools", "decisions", "tokens", "cost $"):
         table.add_column(col)
     for item in (body.get("report") or {}).get("sessions", []):
         usage = item["usage"]

@@ -5,6 +5,7 @@ playbook model standing in for a paid one."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import threading
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from playwright.sync_api import expect, sync_playwright
+from rich.console import Console
 from sqlmodel import col, select
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
@@ -23,6 +25,8 @@ from typer.testing import CliRunner
 from baton.contracts.search import SA_KIND
 from baton.evals import replay
 from baton.storage.db import UsageRow, session_scope
+from cli import common as cli_common
+from cli.evals import report_table
 from cli.main import app as cli_app
 from tests.conftest import serve
 from tests.test_api_agents import assert_problem
@@ -333,6 +337,31 @@ def test_a_cancelled_eval_is_cancelled_with_its_replays(stack: Stack, mcp_url: s
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
+def test_an_eval_started_twice_with_one_idempotency_key_is_one_eval(stack: Stack) -> None:
+    """POST …/evals twice with the same Idempotency-Key answers the first eval again
+    (``Idempotent-Replayed``) and records one eval; the same key with another body is 422
+    ``idempotency_key_reused``; a keyed cancel replays its answer."""
+    http = stack.http
+    publish(http, "helper", [{"reply": "one"}])
+    record(http, "helper", "hello")
+    key = {"Idempotency-Key": "eval-start-1"}
+    first = http.post("/v1/agents/helper/evals", json={"candidate": "helper@1"}, headers=key)
+    assert first.status_code == 202, first.text
+    again = http.post("/v1/agents/helper/evals", json={"candidate": "helper@1"}, headers=key)
+    assert again.status_code == 202 and again.headers["idempotent-replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    other = http.post("/v1/agents/helper/evals", json={"sessions": 1}, headers=key)
+    assert_problem(other, 422, "idempotency_key_reused")
+    listed = http.get("/v1/agents/helper/evals").json()
+    assert [e["id"] for e in listed["data"]] == [first.json()["id"]]
+    finished(http, "helper", first.json()["id"])
+    url = f"/v1/agents/helper/evals/{first.json()['id']}/cancel"
+    cancel = {"Idempotency-Key": "eval-cancel-1"}
+    assert http.post(url, headers=cancel).status_code == 200
+    replayed = http.post(url, headers=cancel)
+    assert replayed.status_code == 200 and replayed.headers["idempotent-replayed"] == "true"
+
+
 # --- bad input, lists, metering ----------------------------------------------------------
 
 
@@ -473,11 +502,10 @@ def test_baton_eval_prints_the_table_and_totals_and_writes_the_json_report(
     draft = {"playbook": [{"when": "sum", "reply": "uno"}, {"reply": "two"}]}
     assert http.put("/v1/agents/helper/draft", json=draft).status_code == 200
     monkeypatch.setenv("BATON_API_URL", stack.url)
-    monkeypatch.setenv("COLUMNS", "200")
+    # The console is built when cli.common is imported, so its width is set, not COLUMNS.
+    monkeypatch.setattr(cli_common.console, "width", 250)
     report = tmp_path / "eval.json"
-    out = CliRunner().invoke(
-        cli_app, ["eval", "helper", "--json", str(report)], env={"COLUMNS": "250"}
-    )
+    out = CliRunner().invoke(cli_app, ["eval", "helper", "--json", str(report)])
     assert out.exit_code == 0, out.output
     assert sums in out.output and "completed: 2 sessions · 1 changed" in out.output
     written = json.loads(report.read_text(encoding="utf-8"))
@@ -487,3 +515,26 @@ def test_baton_eval_prints_the_table_and_totals_and_writes_the_json_report(
     assert bare.exit_code == 0 and "1 sessions · draft against live" in bare.output
     refused = CliRunner().invoke(cli_app, ["eval", "helper", "--candidate", "helper@9"])
     assert refused.exit_code != 0 and "unknown_candidate" in refused.output
+
+
+def test_a_narrow_terminal_folds_the_session_id_and_never_elides_it() -> None:
+    """At 60 columns the report table breaks a session id over lines; every character of
+    it is printed and no ellipsis stands in for part of it."""
+    sid = "session-5fc0d38b-bd98-4edd-aab6-ad099a35d9ff"
+    usage = {"tokens": 10, "cost_usd": 0.0}
+    item = {
+        "session_id": sid,
+        "regression": False,
+        "changed": True,
+        "final": {"similarity": 0.5},
+        "tools": {"diff": [{"op": "added", "tool": "invoke_agent"}]},
+        "decisions": {"same": True, "candidate": []},
+        "usage": {"baseline": usage, "candidate": usage},
+    }
+    body = {"id": "eval-x", "candidate": "draft", "baseline": "live"}
+    out = io.StringIO()
+    Console(file=out, width=60).print(report_table({**body, "report": {"sessions": [item]}}))
+    first_column = "".join(
+        line.split("│")[1].strip() for line in out.getvalue().splitlines() if line.count("│") > 2
+    )
+    assert sid in first_column and "…" not in first_column
