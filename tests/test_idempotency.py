@@ -139,12 +139,7 @@ def test_every_changing_post_takes_the_header_in_the_openapi_document(
         for path, op in posts.items()
         if not any(p["name"] == HEADER and p["in"] == "header" for p in op.get("parameters", []))
     ]
-    # An eval's start and cancel are not yet idempotent by key (docs/change-safely.md).
-    assert missing == [
-        "/v1/agents/{slug}/evals",
-        "/v1/agents/{slug}/evals/{eval_id}/cancel",
-        "/v1/sessions/{session_id}/inquiries/voice",
-    ]
+    assert missing == ["/v1/sessions/{session_id}/inquiries/voice"]
     for path, op in posts.items():
         if path not in missing:
             assert "idempotency_key_in_flight" in op["responses"]["409"]["description"], path

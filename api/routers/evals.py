@@ -12,22 +12,20 @@ from fastapi import APIRouter, Path, Query, status
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
-from temporalio.client import Client
-from temporalio.service import RPCError
 
 from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
+from api.idempotency import IDEMPOTENT, IdempotencyDep
 from api.problems import problem_responses
 from api.routers.agents import SlugPath
 from api.routers.sessions import runnable
 from baton.agents import registry
 from baton.agents.schemas import MAX_OFFSET, Page
 from baton.contracts.evals import EVAL_ID_PATTERN, EvalReport, EvalSummary
-from baton.contracts.search import eval_search_attributes
 from baton.contracts.values import ResolvedAgent
 from baton.contracts.workflow_io import EvalInput
 from baton.errors import BatonError, EngineUnavailable, NotFound
 from baton.evals import replay, store
-from baton.settings import Settings
+from baton.runs import launch
 from baton.storage.db import EvalRow, session_scope, utcnow
 
 router = APIRouter(prefix="/v1/agents", tags=["evals"])
@@ -147,20 +145,6 @@ def _side(s: Session, caller: Caller, slug: str, ref: str) -> tuple[str, Resolve
     return f"{agent.slug}@{agent.version}", agent
 
 
-async def _start(client: Client, settings: Settings, row: EvalRow, inp: EvalInput) -> None:
-    try:
-        await client.start_workflow(
-            "Eval",
-            inp,
-            id=row.workflow_id,
-            task_queue=settings.task_queue,
-            search_attributes=eval_search_attributes(row.agent_slug, row.owner),
-            static_summary=f"Eval of {row.agent_slug}: {row.candidate} against {row.baseline}",
-        )
-    except RPCError as exc:
-        raise EngineUnavailable(f"Temporal refused the eval: {exc.message}") from exc
-
-
 @router.post(
     "/{slug}/evals",
     status_code=status.HTTP_202_ACCEPTED,
@@ -174,6 +158,7 @@ async def start_eval(
     settings: SettingsDep,
     temporal: TemporalDep,
     caller: CallerDep,
+    claim: IdempotencyDep,
 ) -> EvalSummary:
     """Replay recorded sessions of ``slug`` the caller may read on the candidate and on the
     baseline, and compare them (docs/change-safely.md, Replay against a candidate) → 202
@@ -182,11 +167,12 @@ async def start_eval(
     Needs ``viewer`` on the agent and the right to run both sides (a draft: ``owner``).
     422 ``unknown_candidate``, ``no_sessions``, ``unknown_sessions``,
     ``validation_error``; 404 ``agent_not_found``; 503 ``engine_unavailable`` (nothing is
-    left behind).
+    left behind). With an ``Idempotency-Key`` the eval id is derived from it: a retry that
+    takes over a request whose API process was killed attaches to the eval it started.
     """
-    eval_id = f"eval-{uuid.uuid4()}"
+    eval_id = f"eval-{claim.uuid() if claim else uuid.uuid4()}"
 
-    def record() -> tuple[EvalRow, EvalInput]:
+    def record() -> tuple[EvalRow, EvalInput, bool]:
         with session_scope(engine) as s:
             caller.require(s, slug, "viewer")
             registry.get_agent(s, slug=slug)
@@ -210,7 +196,9 @@ async def start_eval(
                 "baseline_pin": base_pin,
                 "concurrency": settings.eval_concurrency,
             }
-            row = EvalRow(
+            # A keyed retry's eval may be a killed first attempt's, its workflow running.
+            stored = s.get(EvalRow, eval_id) if claim else None
+            row = stored or EvalRow(
                 id=eval_id,
                 agent_slug=slug,
                 candidate=body.candidate,
@@ -221,8 +209,9 @@ async def start_eval(
                 owner=caller.user,
                 workflow_id=eval_id,
             )
-            s.add(row)
-            s.flush()
+            if stored is None:
+                s.add(row)
+                s.flush()
             inp = EvalInput(
                 eval_id=eval_id,
                 recorded=picked,
@@ -235,13 +224,22 @@ async def start_eval(
                 task_queue=settings.task_queue,
                 config=settings.session_config(),
             )
-            return EvalRow.model_validate(row.model_dump()), inp
+            return EvalRow.model_validate(row.model_dump()), inp, stored is not None
 
-    row, inp = await asyncio.to_thread(record)
+    row, inp, existed = await asyncio.to_thread(record)
     try:
-        await _start(await temporal.client(), settings, row, inp)
+        await launch.launch_eval(
+            await temporal.client(),
+            task_queue=settings.task_queue,
+            inp=inp,
+            slug=row.agent_slug,
+            owner=row.owner,
+            summary=f"Eval of {row.agent_slug}: {row.candidate} against {row.baseline}",
+            keyed=bool(claim),
+        )
     except EngineUnavailable:
-        await asyncio.to_thread(_forget, engine, eval_id)
+        if not existed:
+            await asyncio.to_thread(_forget, engine, eval_id)
         raise
     return store.eval_summary(row)
 
@@ -255,7 +253,8 @@ def _forget(engine: Engine, eval_id: str) -> None:
 
 @router.post(
     "/{slug}/evals/{eval_id}/cancel",
-    responses=problem_responses(404, 422, 503),
+    dependencies=IDEMPOTENT,
+    responses=problem_responses(404, 409, 422, 503),
     summary="Cancel an eval",
 )
 async def cancel_eval(
@@ -283,9 +282,5 @@ async def cancel_eval(
 
     row, running = await asyncio.to_thread(mark)
     if running:
-        client = await temporal.client()
-        try:
-            await client.get_workflow_handle(row.workflow_id).cancel()
-        except RPCError as exc:
-            raise EngineUnavailable(f"Temporal refused the cancel: {exc.message}") from exc
+        await launch.cancel_eval(await temporal.client(), workflow_id=row.workflow_id)
     return store.eval_summary(row)

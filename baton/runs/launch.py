@@ -45,9 +45,14 @@ from baton.contracts.codes import (
     SESSION_CLOSED,
     SESSION_EXTERNAL,
 )
-from baton.contracts.search import initial_search_attributes, step_search_attributes
+from baton.contracts.search import (
+    eval_search_attributes,
+    initial_search_attributes,
+    step_search_attributes,
+)
 from baton.contracts.values import CLOSED_STATUSES, ResolvedAgent, TeamSnapshot
 from baton.contracts.workflow_io import (
+    EvalInput,
     IfBusy,
     Provenance,
     SessionConfig,
@@ -763,3 +768,54 @@ async def launch_step(
             f"Temporal refused to start the step: {exc.message}{_setup_hint(exc)}"
         ) from exc
     return slug, version
+
+
+EVAL_WORKFLOW = "Eval"
+
+
+async def launch_eval(
+    client: Client,
+    *,
+    task_queue: str,
+    inp: EvalInput,
+    slug: str,
+    owner: str,
+    summary: str,
+    keyed: bool = False,
+) -> None:
+    """Start the Eval workflow of a recorded eval (id: the eval id). ``keyed``: the id was
+    derived from an HTTP ``Idempotency-Key``, so a retry attaches to the eval its first
+    attempt started, never starting a second one. Raises EngineUnavailable when Temporal
+    refuses the start (the caller forgets the row it recorded)."""
+    try:
+        await client.start_workflow(
+            EVAL_WORKFLOW,
+            inp,
+            id=inp.eval_id,
+            task_queue=task_queue,
+            search_attributes=eval_search_attributes(slug, owner),
+            static_summary=summary,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
+            if keyed
+            else WorkflowIDConflictPolicy.UNSPECIFIED,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE
+            if keyed
+            else WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        )
+    except WorkflowAlreadyStartedError:
+        if not keyed:
+            raise
+    except RPCError as exc:
+        raise EngineUnavailable(f"Temporal refused the eval: {exc.message}") from exc
+
+
+async def cancel_eval(client: Client, *, workflow_id: str) -> None:
+    """Request cancellation of an Eval workflow; it cancels its replays in flight (and
+    their sessions) through its activities. Idempotent: a cancel of an ended eval is a
+    no-op. Raises EngineUnavailable."""
+    try:
+        await client.get_workflow_handle(workflow_id).cancel()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return
+        raise EngineUnavailable(f"Temporal refused the cancel: {exc.message}") from exc
