@@ -335,3 +335,20 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("measured")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def sql_counter() -> Iterator[list[int]]:
+    """SQL statements run in this process while the test runs (a one-item list)."""
+    count = [0]
+    lock = threading.Lock()
+
+    def on(*_: object) -> None:
+        with lock:
+            count[0] += 1
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", on)
+    try:
+        yield count
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", on)

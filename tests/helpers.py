@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from datetime import UTC, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -114,3 +117,27 @@ async def skip_to_timer_offset(
     remaining = started[-1] + offset - await env.get_current_time()
     if remaining > timedelta(0):
         await env.sleep(remaining)
+
+
+def refused_start_line(tmp_path: Path, argv: list[str], env: dict[str, str]) -> str:
+    """Run ``baton ARGV`` with ``env`` (a scratch SQLite file, an unreachable Temporal) and
+    assert it stops at start with exit 1 and one line on stderr; that line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={
+            "PATH": str(Path(sys.executable).parent),
+            "HOME": str(tmp_path),
+            "BATON_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}",
+            "BATON_TEMPORAL_ADDRESS": "127.0.0.1:1",
+            **env,
+        },
+        check=False,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]

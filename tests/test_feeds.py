@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from api.feeds import Batch, SessionFeeds, read_log
@@ -150,23 +149,6 @@ async def test_the_queue_bound_holds_at_its_edge(engine: Engine) -> None:
         me.push(Batch(start=3, events=[(4, "chunk", "{}", b"")], status="running", drained=True))
         assert me.lagged and me.queued == 0 and me.pop() is None
     await notifier.close()
-
-
-@pytest.fixture
-def sql_counter() -> Iterator[list[int]]:
-    """SQL statements run in this process while the test runs (a one-item list)."""
-    count = [0]
-    lock = threading.Lock()
-
-    def on(*_: object) -> None:
-        with lock:
-            count[0] += 1
-
-    sa.event.listen(sa.engine.Engine, "before_cursor_execute", on)
-    try:
-        yield count
-    finally:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", on)
 
 
 async def test_sse_followers_over_http_share_the_reads(

@@ -9,15 +9,12 @@ import contextlib
 import json
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from baton.contracts.workflow_io import Provenance
@@ -131,25 +128,8 @@ async def test_the_sqlite_poller_reads_once_per_period_for_all_followers(tmp_pat
         engine.dispose()
 
 
-@pytest.fixture
-def sqlite_counter() -> Iterator[list[int]]:
-    """SQL statements run in this process while the test runs (a one-item list)."""
-    count = [0]
-    lock = threading.Lock()
-
-    def on(*_: object) -> None:
-        with lock:
-            count[0] += 1
-
-    sa.event.listen(sa.engine.Engine, "before_cursor_execute", on)
-    try:
-        yield count
-    finally:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", on)
-
-
 async def test_idle_sse_followers_run_no_query_each(
-    settings: Settings, api: httpx.Client, sqlite_counter: list[int]
+    settings: Settings, api: httpx.Client, sql_counter: list[int]
 ) -> None:
     """40 followers of idle sessions over real HTTP: about one query per poll period in all
     while they wait (it was one per follower every 200 ms), and a new event reaches them."""
@@ -177,9 +157,9 @@ async def test_idle_sse_followers_run_no_query_each(
             while connected < 40:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
-            before = sqlite_counter[0]
+            before = sql_counter[0]
             await asyncio.sleep(2.0)
-            idle = sqlite_counter[0] - before
+            idle = sql_counter[0] - before
             # SQLite's poller: 2 s / 0.2 s = 10 reads for all 40 (before: 40 x 10 x 2).
             assert idle <= 20, idle
             await asyncio.to_thread(_append, engine, sids[0], "wake")

@@ -4,8 +4,6 @@ gate, each limit at its edge, the revision records the eval, no gate changes not
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from baton.settings import Settings
 from baton.storage.db import make_engine, session_scope
 from tests.conftest import migrated, serve
 from tests.eval_helpers import insert_eval
+from tests.helpers import refused_start_line
 from tests.test_api_agents import assert_problem
 from tests.test_cli_steps import invoke
 
@@ -293,23 +292,6 @@ def test_baton_agents_publish_takes_the_eval(
 def test_baton_api_refuses_to_start_with_a_malformed_gate(tmp_path: Path) -> None:
     """`baton api` with a malformed BATON_PUBLISH_GATE stops at start with exit 1 and one
     line naming the setting and the bad field."""
-    env = {
-        "PATH": str(Path(sys.executable).parent),
-        "HOME": str(tmp_path),
-        "BATON_PUBLISH_GATE": "eval_sessions=0,max_changed=1",
-        "BATON_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}",
-        "BATON_TEMPORAL_ADDRESS": "127.0.0.1:1",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "cli", "api", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 1, (done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert "BATON_PUBLISH_GATE" in lines[0] and "eval_sessions" in lines[0]
+    env = {"BATON_PUBLISH_GATE": "eval_sessions=0,max_changed=1"}
+    line = refused_start_line(tmp_path, ["api", "--port", "0"], env)
+    assert "BATON_PUBLISH_GATE" in line and "eval_sessions" in line

@@ -46,7 +46,15 @@ from baton.settings import (
 )
 from baton.storage.db import session_scope
 from tests.conftest import venv_bin
-from tests.helpers import TEST_CONFIG, launch, publish, status, transcript, wait_for
+from tests.helpers import (
+    TEST_CONFIG,
+    launch,
+    publish,
+    refused_start_line,
+    status,
+    transcript,
+    wait_for,
+)
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, pending, poll, running_stack
 from tests.test_api_reviews import decide as api_decide
@@ -204,26 +212,8 @@ def test_a_review_secret_without_entropy_is_refused() -> None:
 def test_baton_worker_names_a_blank_review_secret_in_one_line(tmp_path: Path) -> None:
     """`baton worker` with BATON_REVIEW_SECRET of 32 spaces stops at start with exit 1 and
     one line naming the setting (it used to accept the key and run)."""
-    env = {
-        "PATH": str(Path(sys.executable).parent),
-        "HOME": str(tmp_path),
-        "BATON_REVIEW_SECRET": " " * 32,
-        "BATON_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}",
-        "BATON_TEMPORAL_ADDRESS": "127.0.0.1:1",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "cli", "worker"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 1, (done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("error [invalid_settings]: BATON_REVIEW_SECRET: carries about 0")
+    line = refused_start_line(tmp_path, ["worker"], {"BATON_REVIEW_SECRET": " " * 32})
+    assert line.startswith("error [invalid_settings]: BATON_REVIEW_SECRET: carries about 0")
 
 
 @pytest.mark.parametrize(

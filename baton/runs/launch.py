@@ -656,6 +656,21 @@ async def cancel_session(client: Client, engine: Engine, *, session_id: str) -> 
 STEP_WORKFLOW = "AgentStep"
 
 
+def _attach_if_keyed(keyed: bool) -> dict[str, Any]:
+    """The id policies of a start whose id may derive from an ``Idempotency-Key``: a keyed
+    retry attaches to the run its first attempt started, even one that has finished since
+    (never a second run); an unkeyed start takes the server's defaults."""
+    if keyed:
+        return {
+            "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
+            "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        }
+    return {
+        "id_conflict_policy": WorkflowIDConflictPolicy.UNSPECIFIED,
+        "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    }
+
+
 def record_step(
     session: Session, *, inp: StepInput, ref: str, keyed: bool = False
 ) -> tuple[str, int]:
@@ -750,14 +765,7 @@ async def launch_step(
                 user=inp.user,
                 handoff=inp.handoff,
             ),
-            # A keyed retry attaches to the step its first attempt started, even one that
-            # has finished since: never a second run of the step.
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
-            if keyed
-            else WorkflowIDConflictPolicy.UNSPECIFIED,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE
-            if keyed
-            else WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            **_attach_if_keyed(keyed),
         )
     except WorkflowAlreadyStartedError:
         if not keyed:
@@ -795,12 +803,7 @@ async def launch_eval(
             task_queue=task_queue,
             search_attributes=eval_search_attributes(slug, owner),
             static_summary=summary,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
-            if keyed
-            else WorkflowIDConflictPolicy.UNSPECIFIED,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE
-            if keyed
-            else WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            **_attach_if_keyed(keyed),
         )
     except WorkflowAlreadyStartedError:
         if not keyed:
