@@ -518,6 +518,30 @@ def test_a_reviews_audit_row_is_found_from_its_card(
     _wait_status(stack.http, sid, "idle")
 
 
+def test_a_pending_card_links_the_callers_past_decisions_in_the_audit_log(
+    stack: Stack, page: Page
+) -> None:
+    """A pending review card links the audit log filtered to its caller and target, which
+    lists the earlier decision on that pair."""
+    _caller(stack.http, "caller-f")
+    first = _launch(stack.http, {"agent": "caller-f", "prompt": "go"})
+    rid1 = _review_of(stack.http, first)
+    denied = stack.http.post(f"/v1/reviews/{rid1}/decision", json={"decision": "deny"})
+    assert denied.status_code == 200, denied.text
+    second = _launch(stack.http, {"agent": "caller-f", "prompt": "go"})
+    rid2 = _review_of(stack.http, second)
+    page.goto(f"{stack.base}/ui/inbox")
+    card = page.locator(f'#pending [data-review="{rid2}"]')
+    card.get_by_role("link", name="Past decisions in the audit log").click()
+    page.wait_for_url(re.compile(r"/ui/audit\?agent=caller-f&target=target$"))
+    expect(page.get_by_label("Agent (caller)")).to_have_value("caller-f")
+    expect(page.get_by_label("Target")).to_have_value("target")
+    expect(page.locator("tbody tr[data-audit]")).to_have_count(1)
+    expect(page.locator(f'tr[data-review="{rid1}"]')).to_contain_text("denied by user")
+    stack.http.post(f"/v1/reviews/{rid2}/decision", json={"decision": "deny"})
+    _wait_status(stack.http, second, "idle")
+
+
 def _set_toggle(page: Page, base: str, caller: str, target: str, value: str) -> None:
     page.goto(f"{base}/ui/agents/{caller}/policies")
     page.get_by_label("Search agents by name or slug").fill(target)

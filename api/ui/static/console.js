@@ -65,6 +65,11 @@ function reviewCard(review) {
       ? `First time ${review.caller} asks for this.`
       : `Before: allowed ${allowed} time${allowed === 1 ? "" : "s"}, denied ${denied} time${denied === 1 ? "" : "s"}.` }));
   }
+  // Before deciding: this caller's earlier decisions on this target (a pending review has
+  // no audit row of its own yet; a resolved card links that row below).
+  const past = new URLSearchParams({ agent: review.caller, ...(review.target ? { target: review.target } : {}) });
+  card.append(el("p", { class: "links" }, el("a", { href: `/ui/audit?${past}`,
+    class: "history-link", text: "Past decisions in the audit log" })));
   card.append(el("div", { class: "body" }));
   fillReview(card, review);
   return card;
