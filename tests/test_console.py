@@ -434,26 +434,40 @@ def test_the_steps_list_and_a_step_page_decide_a_handoff(
 
 
 def _audit_pages(stack: Stack, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
-    """caller-d's 3 audit rows, 2 a page: a full first page links Older only, the last
-    one Newer only; an offset past the API's bound is refused (422)."""
+    """caller-d's 3 audit rows, 1 a page: Older follows the API's cursor to the last page
+    (no Older there), Newer walks back to the first (no Newer there); at 3 a page the one
+    full page links neither; an offset past the API's bound is refused (422)."""
     from api.ui import audit as ui_audit
     from baton.agents.schemas import MAX_OFFSET
 
-    monkeypatch.setattr(ui_audit, "PAGE", 2)
+    monkeypatch.setattr(ui_audit, "PAGE", 1)
     page.goto(f"{stack.base}/ui/audit?agent=caller-d")
-    expect(page.locator("tbody tr[data-audit]")).to_have_count(2)
-    expect(page.locator("#audit-count")).to_have_text("Rows 1 to 2 of 3")
+    rows = page.locator("tbody tr[data-audit]")
+    seen = [rows.first.get_attribute("data-audit")]
+    expect(page.locator("#audit-count")).to_have_text("Rows 1 to 1 of 3")
     expect(page.get_by_role("link", name="← Newer")).to_have_count(0)
-    page.get_by_role("link", name="Older →").click()
-    expect(page.locator("tbody tr[data-audit]")).to_have_count(1)
-    expect(page.locator("#audit-count")).to_have_text("Rows 3 to 3 of 3")
+    for n in (2, 3):
+        page.get_by_role("link", name="Older →").click()
+        expect(page).to_have_url(re.compile(r"agent=caller-d&cursor="))
+        expect(page.locator("#audit-count")).to_have_text(f"Rows {n} to {n} of 3")
+        seen.append(rows.first.get_attribute("data-audit"))
     expect(page.get_by_role("link", name="Older →")).to_have_count(0)
-    expect(page.get_by_role("link", name="← Newer")).to_have_attribute(
-        "href", re.compile(r"agent=caller-d.*offset=0")
-    )
+    assert len(set(seen)) == 3
+    page.get_by_role("link", name="← Newer").click()
+    expect(page.locator("#audit-count")).to_have_text("Rows 2 to 2 of 3")
+    assert rows.first.get_attribute("data-audit") == seen[1]
+    page.get_by_role("link", name="← Newer").click()
+    expect(page).to_have_url(re.compile(r"/ui/audit\?agent=caller-d$"))
+    expect(page.locator("#audit-count")).to_have_text("Rows 1 to 1 of 3")
+    monkeypatch.setattr(ui_audit, "PAGE", 3)
+    page.reload()
+    expect(rows).to_have_count(3)
+    expect(page.locator(".pager a")).to_have_count(0)
     assert stack.http.get("/ui/audit", params={"offset": MAX_OFFSET}).status_code == 200
     refused = stack.http.get("/ui/audit", params={"offset": MAX_OFFSET + 1})
     assert (refused.status_code, refused.json()["code"]) == (422, "validation_error")
+    refused = stack.http.get("/ui/audit", params={"cursor": "not-a-cursor"})
+    assert (refused.status_code, refused.json()["code"]) == (422, "invalid_cursor")
 
 
 def test_a_reviews_audit_row_is_found_from_its_card(
@@ -463,8 +477,9 @@ def test_a_reviews_audit_row_is_found_from_its_card(
     last two messages and its history with this target (counted from the audit log);
     Always allow leaves it visibly resolved with "policy saved"; its audit link opens the
     audit log at that review's row (caller, target, via, outcome, decided by, policy
-    saved); the log pages with Newer / Older (edge: a full page, the last page, the
-    largest offset); filters that match nothing show the empty state."""
+    saved); the log pages with Newer / Older by the API's cursor (edges: a page of exactly
+    the page size, the last page, the largest offset); filters that match nothing show the
+    empty state."""
     _caller(stack.http, "caller-d")
     sid = _launch(stack.http, {"agent": "caller-d", "prompt": "go"})
     rid = _review_of(stack.http, sid)
@@ -514,6 +529,7 @@ def test_a_reviews_audit_row_is_found_from_its_card(
     assert stack.http.get("/v1/audit", params={"review_id": rid, "via": "route"}).json() == {
         "data": [],
         "count": 0,
+        "next_cursor": None,
     }
     _wait_status(stack.http, sid, "idle")
 
