@@ -656,9 +656,50 @@ def test_the_team_page_shows_the_lead_members_and_routes(
     page.goto(f"{stack.base}/ui/agents")
     page.locator('tr[data-team="desk"]').get_by_role("link", name="desk").click()
     expect(page.get_by_role("heading", level=1)).to_contain_text("Desk")
-    expect(page.locator("tbody tr")).to_have_count(3)
-    expect(page.locator("tbody tr").first).to_contain_text("lead (supervisor)")
+    expect(page.locator("#members tbody tr")).to_have_count(3)
+    expect(page.locator("#members tbody tr").first).to_contain_text("lead (supervisor)")
     expect(page.locator("main")).to_contain_text("No routes: the lead decides every delegation.")
+
+
+def test_a_team_is_edited_from_its_page_and_a_bad_edit_shows_the_apis_error(
+    stack: Stack, page: Page
+) -> None:
+    """The team editor saves members, lead and routes through PUT /v1/teams/{id}: dropping
+    a member and adding a route shows in the API's team; a route to a non-specialist is
+    refused and the page shows the API's validation error, the team unchanged."""
+    team = {
+        "id": "edits",
+        "name": "Edits",
+        "supervisor_agent_id": "lead",
+        "members": [
+            {"agent_id": "lead", "role": "supervisor"},
+            {"agent_id": "checker", "role": "specialist", "delegation_hint": "facts"},
+            {"agent_id": "writer", "role": "specialist"},
+        ],
+    }
+    assert stack.http.post("/v1/teams", json=team).status_code == 201
+    page.goto(f"{stack.base}/ui/teams/edits")
+    expect(page.get_by_label("Member 1 is the lead")).to_be_checked()
+    page.get_by_role("button", name="Remove member 3").click()
+    page.get_by_label("Member 2 delegation hint").fill("checks every claim")
+    page.get_by_role("button", name="Add a route").click()
+    page.get_by_label("Route 1 when").fill("^check:")
+    page.get_by_label("Route 1 to").fill("checker")
+    page.get_by_role("button", name="Save the team").click()
+    expect(page.locator("#team-done")).to_have_text("Saved. New runs of the team use it.")
+    got = stack.http.get("/v1/teams/edits").json()
+    assert [(m["agent_id"], m["role"], m.get("delegation_hint")) for m in got["members"]] == [
+        ("lead", "supervisor", None),
+        ("checker", "specialist", "checks every claim"),
+    ]
+    assert got["routes"] == [{"when": "^check:", "to": "checker"}]
+    expect(page.locator("#members tbody tr")).to_have_count(2)
+    page.get_by_label("Route 1 to").fill("lead")
+    page.get_by_role("button", name="Save the team").click()
+    expect(page.locator("#team-errors li")).to_have_text(
+        re.compile(r"routes\[0\]\.to 'lead' is not a specialist of this team")
+    )
+    assert stack.http.get("/v1/teams/edits").json()["routes"] == got["routes"]
 
 
 def test_every_page_fits_a_phone_and_is_shot_at_both_widths(

@@ -24,10 +24,11 @@ from tests.test_console import CHROMIUM, CHROMIUM_ARGS, LAPTOP
 class AuthApi:
     """The API in auth mode: its base URL, a client, and a token per user."""
 
-    def __init__(self, base: str, http: httpx.Client, tokens: dict[str, str]) -> None:
+    def __init__(self, base: str, http: httpx.Client, tokens: dict[str, str], url: str) -> None:
         self.base = base
         self.http = http
         self.tokens = tokens
+        self.url = url
 
     def headers(self, user: str) -> dict[str, str]:
         """The Authorization header of ``user``."""
@@ -48,7 +49,7 @@ def auth_api(tmp_path: Path) -> Iterator[AuthApi]:
     server, thread, base = serve(create_app(Settings(database_url=url, auth="on")))
     try:
         with httpx.Client(base_url=base, timeout=30) as http:
-            yield AuthApi(base, http, tokens)
+            yield AuthApi(base, http, tokens, url)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -107,3 +108,35 @@ def test_auth_off_records_local_as_the_publisher(api: httpx.Client) -> None:
     assert api.post("/v1/agents", json=body).status_code == 201
     assert api.post("/v1/agents/memo/publish").json()["published_by"] == "local"
     assert api.get("/v1/agents/memo/revisions/1").json()["published_by"] == "local"
+
+
+def test_only_an_owner_of_every_member_gets_the_team_editor(auth_api: AuthApi, page: Page) -> None:
+    """In auth mode alice, who owns every member, gets the team editor; bob, a viewer of
+    them, reads the team with a note and no Save button."""
+    alice = auth_api.headers("alice")
+    for slug in ("boss", "aide"):
+        body = {"slug": slug, "name": slug, "spec": {"playbook": [{"reply": "ok"}]}}
+        assert auth_api.http.post("/v1/agents", json=body, headers=alice).status_code == 201
+        assert auth_api.http.post(f"/v1/agents/{slug}/publish", headers=alice).is_success
+    team = {
+        "id": "pair",
+        "name": "Pair",
+        "supervisor_agent_id": "boss",
+        "members": [{"agent_id": "boss", "role": "supervisor"}, {"agent_id": "aide"}],
+    }
+    assert auth_api.http.post("/v1/teams", json=team, headers=alice).status_code == 201
+    engine = make_engine(auth_api.url)
+    try:
+        with session_scope(engine) as s:
+            for slug in ("boss", "aide"):
+                auth.grant(s, agent=slug, user_id="bob", role="viewer")
+    finally:
+        engine.dispose()
+    _login(page, auth_api, "alice")
+    page.goto(f"{auth_api.base}/ui/teams/pair")
+    expect(page.get_by_role("button", name="Save the team")).to_be_visible()
+    page.get_by_role("button", name="Log out").click()
+    _login(page, auth_api, "bob")
+    page.goto(f"{auth_api.base}/ui/teams/pair")
+    expect(page.get_by_role("note")).to_contain_text("Only an owner of every member of pair")
+    expect(page.get_by_role("button", name="Save the team")).to_have_count(0)

@@ -461,10 +461,16 @@ def parse_spec(
 @router.get("/teams/{team_id}", response_class=HTMLResponse)
 def team_page(request: Request, team_id: str, caller: UiCaller) -> HTMLResponse:
     """A team: its lead (the supervisor), members with their roles and hints, its routes
-    and shared channel. 404 ``team_not_found`` for a missing or hidden team."""
+    and shared channel, and an editor of its members, lead and routes that saves through
+    ``PUT /v1/teams/{id}`` (whose validation errors it shows); in auth mode only a user
+    who owns every member gets the editor. 404 ``team_not_found`` for a missing or hidden
+    team."""
     with session_scope(request.app.state.engine) as s:
         team = get_team(team_id, s, caller).model_dump()
-    return _page(request, "team.html", caller, team=team)
+        can_edit = all(caller.has(s, m["agent_id"], "owner") for m in team["members"])
+        agents, _ = _catalog(s, caller)
+    agents = [a for a in agents if a["kind"] != "ambassador"]
+    return _page(request, "team.html", caller, team=team, can_edit=can_edit, agents=agents)
 
 
 @router.get("/agents/{slug}/policies", response_class=HTMLResponse)
