@@ -745,6 +745,160 @@ def test_every_page_fits_a_phone_and_is_shot_at_both_widths(
     stack.http.post(f"/v1/steps/{step}/handoff", json={"decision": "approve"})
 
 
+def _tab_to(page: Page, within: str, name: str, tabs: int = 300) -> None:
+    """Press Tab until the focus is on the button ``name`` inside ``within`` (a selector)."""
+    script = (
+        "([within, name]) => { const a = document.activeElement;"
+        " return !!a.closest(within) && a.textContent === name; }"
+    )
+    for _ in range(tabs):
+        page.keyboard.press("Tab")
+        if page.evaluate(script, [within, name]):
+            return
+    pytest.fail(f"Tab never reached {name} in {within}")
+
+
+def test_a_review_and_a_handoff_are_decided_by_keyboard_alone(
+    stack: Stack, page: Page, drafter: str
+) -> None:
+    """In the inbox, Tab reaches a review card's Allow once and a handoff card's Approve,
+    and Enter decides each: the review is allowed, the step completed."""
+    _caller(stack.http, "caller-k")
+    sid = _launch(stack.http, {"agent": "caller-k", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    step = _handoff_step(stack.http, "Plan K")
+    page.goto(f"{stack.base}/ui/inbox")
+    expect(page.locator(f'#handoffs [data-step="{step}"]')).to_be_visible()
+    _tab_to(page, f'#pending [data-review="{rid}"]', "Allow once")
+    page.keyboard.press("Enter")
+    expect(page.locator(f'[data-review="{rid}"] .outcome')).to_have_text("Allowed by local")
+    page.locator("h1").click()  # back to the top of the page: Tab again from there
+    _tab_to(page, f'#handoffs [data-step="{step}"]', "Approve")
+    page.keyboard.press("Enter")
+    expect(page.locator(f'[data-key="{step}:1"] .outcome')).to_have_text(
+        "Approved — the step is completed"
+    )
+    assert stack.http.get(f"/v1/reviews/{rid}").json()["status"] == "allowed"
+    _wait_status(stack.http, sid, "idle")
+
+
+def test_always_allow_from_a_card_shows_at_once_on_the_policies_page(
+    stack: Stack, page: Page
+) -> None:
+    """Always allow (messaging the target) on a review card, then the caller's policies
+    page: its Send messages row for that target reads Allow."""
+    _caller(stack.http, "caller-g")
+    sid = _launch(stack.http, {"agent": "caller-g", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    page.goto(f"{stack.base}/ui/inbox")
+    card = page.locator(f'#pending [data-review="{rid}"]')
+    card.get_by_role("button", name="Always allow").click()
+    expect(page.locator(f'[data-review="{rid}"] .saved')).to_have_text(
+        "policy saved: always allow for target"
+    )
+    page.goto(f"{stack.base}/ui/agents/caller-g/policies")
+    expect(page.get_by_label("Send messages to target", exact=True)).to_have_value("allow")
+    expect(page.get_by_label("Send messages to target2", exact=True)).to_have_value("review")
+    _wait_status(stack.http, sid, "idle")
+
+
+def test_a_denied_invoke_is_a_denied_row_in_the_trace(stack: Stack, page: Page) -> None:
+    """A review denied by a person shows under its session in the trace as denied, with
+    the call and who denied it."""
+    _caller(stack.http, "caller-h")
+    sid = _launch(stack.http, {"agent": "caller-h", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    assert stack.http.post(f"/v1/reviews/{rid}/decision", json={"decision": "deny"}).is_success
+    _wait_status(stack.http, sid, "idle")
+    page.goto(f"{stack.base}/ui/sessions/{sid}/trace")
+    expect(page.locator(".refused li.refused-denied_by_user")).to_have_text(
+        re.compile(r"^denied:\s+invoke target via invoke\s+— by local$")
+    )
+
+
+def test_restore_into_draft_and_retire_from_the_agent_page(stack: Stack, page: Page) -> None:
+    """Restore v1 into draft copies v1 into the draft (v2 stays live); Retire clears the
+    live pointer, the page says retired and the API refuses a launch (agent_retired)."""
+    _agent(stack.http, "restorable", playbook=[{"reply": "v1 here"}])
+    draft = {"playbook": [{"reply": "v2 here"}]}
+    assert stack.http.put("/v1/agents/restorable/draft", json=draft).is_success
+    assert stack.http.post("/v1/agents/restorable/publish").status_code == 201
+    page.goto(f"{stack.base}/ui/agents/restorable")
+    expect(page.get_by_label("Spec")).to_have_value(re.compile("v2 here"))
+    page.get_by_role("button", name="Restore v1 into draft").click()
+    expect(page.locator("#agent-done")).to_have_text(
+        "v1 restored into the draft (nothing published)."
+    )
+    expect(page.get_by_label("Spec")).to_have_value(re.compile("v1 here"))
+    expect(page.locator("#live-version")).to_have_text("v2")
+    got = stack.http.get("/v1/agents/restorable").json()
+    assert (got["live_version"], got["draft"]["playbook"][0]["reply"]) == (2, "v1 here")
+    page.get_by_role("button", name="Retire (refuse new launches)").click()
+    expect(page.locator("#agent-done")).to_have_text(
+        "Retired: new launches are refused until you publish or roll back."
+    )
+    expect(page.locator("#live-version")).to_have_text("retired")
+    refused = stack.http.post("/v1/sessions", json={"agent": "restorable", "prompt": "hi"})
+    assert (refused.status_code, refused.json()["code"]) == (409, "agent_retired")
+
+
+def test_the_draft_editor_shows_and_saves_json(stack: Stack, page: Page) -> None:
+    """The JSON format shows the draft as JSON; edited JSON is saved through the API, and
+    a JSON syntax error is listed with its line."""
+    _agent(stack.http, "jsonish", playbook=[{"reply": "as yaml"}])
+    page.goto(f"{stack.base}/ui/agents/jsonish")
+    page.get_by_label("JSON").check()
+    page.wait_for_url(re.compile(r"\?fmt=json$"))
+    editor = page.get_by_label("Spec")
+    expect(editor).to_have_value(re.compile(r'^\{\s+"playbook": \['))
+    editor.fill('{\n  "playbook": [\n    {"reply": "as json"\n  ]\n}\n')
+    page.get_by_role("button", name="Save draft").click()
+    expect(page.locator("#draft-errors li")).to_contain_text("line 4")
+    editor.fill('{"playbook": [{"reply": "as json"}]}')
+    page.get_by_role("button", name="Save draft").click()
+    expect(page.locator("#agent-done")).to_have_text("Draft saved.")
+    draft = stack.http.get("/v1/agents/jsonish").json()["draft"]
+    assert draft["playbook"][0]["reply"] == "as json"
+
+
+#: The fixer's first reply misses ``summary``; the errors fed back make it answer right.
+FIX_PLAYBOOK = [
+    {"when": "required property", "reply": '{"summary": "fixed"}'},
+    {"reply": '{"wrong": 1}'},
+]
+
+
+def test_a_step_page_shows_the_validation_error_fed_back(stack: Stack, page: Page) -> None:
+    """A step whose first reply fails its schema: the step page lists both attempts, the
+    second fed back with the validation error, and the deliverable of the second; the
+    home page lists it under its steps, and its sessions with their start time."""
+    _agent(stack.http, "fixer", playbook=FIX_PLAYBOOK)
+    resp = stack.http.post(
+        "/v1/steps", json={"agent": "fixer", "input": "Fix me", "output_schema": SUMMARY}
+    )
+    assert resp.status_code == 202, resp.text
+    sid = str(resp.json()["step_id"])
+    _wait_step(stack.http, sid, "completed", attempts=2)
+    page.goto(f"{stack.base}/ui/steps/{sid}")
+    attempts = page.locator(".attempts > li")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(0).locator(".reply")).to_have_text('{"wrong": 1}')
+    expect(attempts.nth(1).locator(".meta").first).to_have_text("Fed back to the agent")
+    expect(attempts.nth(1).locator("pre").first).to_contain_text("'summary' is a required property")
+    expect(page.locator(".fields dd")).to_have_text("fixed")
+    session = _launch(stack.http, {"agent": "target", "prompt": "hi", "sync": True})
+    page.goto(f"{stack.base}/ui/")
+    row = page.locator(
+        f'section[aria-labelledby="list-h"] tr:has(a[href="/ui/sessions/{session}"])'
+    )
+    expect(row.locator("time")).to_have_attribute("datetime", re.compile(r"^\d{4}-\d\d-\d\dT"))
+    expect(row.locator("time")).to_have_text(re.compile(r"^\d\d-\d\d \d\d:\d\d$"))
+    step_row = page.locator(f'section[aria-labelledby="steps-h"] tr:has(a[href="/ui/steps/{sid}"])')
+    expect(step_row).to_contain_text("fixer@1")
+    expect(step_row).to_contain_text("completed")
+    expect(step_row.locator("time")).to_have_text(re.compile(r"^\d\d-\d\d \d\d:\d\d$"))
+
+
 def _footprint(engine: Engine, root: str) -> tuple[Any, ...]:
     with Session(engine) as s:
         from baton.runs import run_tree
