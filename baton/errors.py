@@ -48,6 +48,15 @@ class NotFound(BatonError):
     title = "Not found"
 
 
+class InvalidCursor(BatonError):
+    """A ``cursor`` this list never gave: a transcript's naming no message of the session,
+    or a session list's or the audit log's that does not decode."""
+
+    code = "invalid_cursor"
+    status = 422
+    title = "Invalid cursor"
+
+
 class Conflict(BatonError):
     """The request conflicts with the current state (409)."""
 

@@ -516,7 +516,7 @@ def test_audit_log_outcomes_filters_and_pages(
         page = audit(limit=2, offset=1)
         assert page["count"] == 6 and [r["id"] for r in page["data"]] == ids[1:3]
         assert [r["id"] for r in audit(limit=1, offset=5)["data"]] == ids[5:]
-        assert audit(limit=1, offset=6) == {"data": [], "count": 6}
+        assert audit(limit=1, offset=6) == {"data": [], "count": 6, "next_cursor": None}
         assert len(audit(limit=200)["data"]) == 6
         for bad in (
             {"limit": 0},

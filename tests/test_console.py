@@ -434,26 +434,40 @@ def test_the_steps_list_and_a_step_page_decide_a_handoff(
 
 
 def _audit_pages(stack: Stack, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
-    """caller-d's 3 audit rows, 2 a page: a full first page links Older only, the last
-    one Newer only; an offset past the API's bound is refused (422)."""
+    """caller-d's 3 audit rows, 1 a page: Older follows the API's cursor to the last page
+    (no Older there), Newer walks back to the first (no Newer there); at 3 a page the one
+    full page links neither; an offset past the API's bound is refused (422)."""
     from api.ui import audit as ui_audit
     from baton.agents.schemas import MAX_OFFSET
 
-    monkeypatch.setattr(ui_audit, "PAGE", 2)
+    monkeypatch.setattr(ui_audit, "PAGE", 1)
     page.goto(f"{stack.base}/ui/audit?agent=caller-d")
-    expect(page.locator("tbody tr[data-audit]")).to_have_count(2)
-    expect(page.locator("#audit-count")).to_have_text("Rows 1 to 2 of 3")
+    rows = page.locator("tbody tr[data-audit]")
+    seen = [rows.first.get_attribute("data-audit")]
+    expect(page.locator("#audit-count")).to_have_text("Rows 1 to 1 of 3")
     expect(page.get_by_role("link", name="← Newer")).to_have_count(0)
-    page.get_by_role("link", name="Older →").click()
-    expect(page.locator("tbody tr[data-audit]")).to_have_count(1)
-    expect(page.locator("#audit-count")).to_have_text("Rows 3 to 3 of 3")
+    for n in (2, 3):
+        page.get_by_role("link", name="Older →").click()
+        expect(page).to_have_url(re.compile(r"agent=caller-d&cursor="))
+        expect(page.locator("#audit-count")).to_have_text(f"Rows {n} to {n} of 3")
+        seen.append(rows.first.get_attribute("data-audit"))
     expect(page.get_by_role("link", name="Older →")).to_have_count(0)
-    expect(page.get_by_role("link", name="← Newer")).to_have_attribute(
-        "href", re.compile(r"agent=caller-d.*offset=0")
-    )
+    assert len(set(seen)) == 3
+    page.get_by_role("link", name="← Newer").click()
+    expect(page.locator("#audit-count")).to_have_text("Rows 2 to 2 of 3")
+    assert rows.first.get_attribute("data-audit") == seen[1]
+    page.get_by_role("link", name="← Newer").click()
+    expect(page).to_have_url(re.compile(r"/ui/audit\?agent=caller-d$"))
+    expect(page.locator("#audit-count")).to_have_text("Rows 1 to 1 of 3")
+    monkeypatch.setattr(ui_audit, "PAGE", 3)
+    page.reload()
+    expect(rows).to_have_count(3)
+    expect(page.locator(".pager a")).to_have_count(0)
     assert stack.http.get("/ui/audit", params={"offset": MAX_OFFSET}).status_code == 200
     refused = stack.http.get("/ui/audit", params={"offset": MAX_OFFSET + 1})
     assert (refused.status_code, refused.json()["code"]) == (422, "validation_error")
+    refused = stack.http.get("/ui/audit", params={"cursor": "not-a-cursor"})
+    assert (refused.status_code, refused.json()["code"]) == (422, "invalid_cursor")
 
 
 def test_a_reviews_audit_row_is_found_from_its_card(
@@ -463,8 +477,9 @@ def test_a_reviews_audit_row_is_found_from_its_card(
     last two messages and its history with this target (counted from the audit log);
     Always allow leaves it visibly resolved with "policy saved"; its audit link opens the
     audit log at that review's row (caller, target, via, outcome, decided by, policy
-    saved); the log pages with Newer / Older (edge: a full page, the last page, the
-    largest offset); filters that match nothing show the empty state."""
+    saved); the log pages with Newer / Older by the API's cursor (edges: a page of exactly
+    the page size, the last page, the largest offset); filters that match nothing show the
+    empty state."""
     _caller(stack.http, "caller-d")
     sid = _launch(stack.http, {"agent": "caller-d", "prompt": "go"})
     rid = _review_of(stack.http, sid)
@@ -514,8 +529,33 @@ def test_a_reviews_audit_row_is_found_from_its_card(
     assert stack.http.get("/v1/audit", params={"review_id": rid, "via": "route"}).json() == {
         "data": [],
         "count": 0,
+        "next_cursor": None,
     }
     _wait_status(stack.http, sid, "idle")
+
+
+def test_a_pending_card_links_the_callers_past_decisions_in_the_audit_log(
+    stack: Stack, page: Page
+) -> None:
+    """A pending review card links the audit log filtered to its caller and target, which
+    lists the earlier decision on that pair."""
+    _caller(stack.http, "caller-f")
+    first = _launch(stack.http, {"agent": "caller-f", "prompt": "go"})
+    rid1 = _review_of(stack.http, first)
+    denied = stack.http.post(f"/v1/reviews/{rid1}/decision", json={"decision": "deny"})
+    assert denied.status_code == 200, denied.text
+    second = _launch(stack.http, {"agent": "caller-f", "prompt": "go"})
+    rid2 = _review_of(stack.http, second)
+    page.goto(f"{stack.base}/ui/inbox")
+    card = page.locator(f'#pending [data-review="{rid2}"]')
+    card.get_by_role("link", name="Past decisions in the audit log").click()
+    page.wait_for_url(re.compile(r"/ui/audit\?agent=caller-f&target=target$"))
+    expect(page.get_by_label("Agent (caller)")).to_have_value("caller-f")
+    expect(page.get_by_label("Target")).to_have_value("target")
+    expect(page.locator("tbody tr[data-audit]")).to_have_count(1)
+    expect(page.locator(f'tr[data-review="{rid1}"]')).to_contain_text("denied by user")
+    stack.http.post(f"/v1/reviews/{rid2}/decision", json={"decision": "deny"})
+    _wait_status(stack.http, second, "idle")
 
 
 def _set_toggle(page: Page, base: str, caller: str, target: str, value: str) -> None:
@@ -616,9 +656,50 @@ def test_the_team_page_shows_the_lead_members_and_routes(
     page.goto(f"{stack.base}/ui/agents")
     page.locator('tr[data-team="desk"]').get_by_role("link", name="desk").click()
     expect(page.get_by_role("heading", level=1)).to_contain_text("Desk")
-    expect(page.locator("tbody tr")).to_have_count(3)
-    expect(page.locator("tbody tr").first).to_contain_text("lead (supervisor)")
+    expect(page.locator("#members tbody tr")).to_have_count(3)
+    expect(page.locator("#members tbody tr").first).to_contain_text("lead (supervisor)")
     expect(page.locator("main")).to_contain_text("No routes: the lead decides every delegation.")
+
+
+def test_a_team_is_edited_from_its_page_and_a_bad_edit_shows_the_apis_error(
+    stack: Stack, page: Page
+) -> None:
+    """The team editor saves members, lead and routes through PUT /v1/teams/{id}: dropping
+    a member and adding a route shows in the API's team; a route to a non-specialist is
+    refused and the page shows the API's validation error, the team unchanged."""
+    team = {
+        "id": "edits",
+        "name": "Edits",
+        "supervisor_agent_id": "lead",
+        "members": [
+            {"agent_id": "lead", "role": "supervisor"},
+            {"agent_id": "checker", "role": "specialist", "delegation_hint": "facts"},
+            {"agent_id": "writer", "role": "specialist"},
+        ],
+    }
+    assert stack.http.post("/v1/teams", json=team).status_code == 201
+    page.goto(f"{stack.base}/ui/teams/edits")
+    expect(page.get_by_label("Member 1 is the lead")).to_be_checked()
+    page.get_by_role("button", name="Remove member 3").click()
+    page.get_by_label("Member 2 delegation hint").fill("checks every claim")
+    page.get_by_role("button", name="Add a route").click()
+    page.get_by_label("Route 1 when").fill("^check:")
+    page.get_by_label("Route 1 to").fill("checker")
+    page.get_by_role("button", name="Save the team").click()
+    expect(page.locator("#team-done")).to_have_text("Saved. New runs of the team use it.")
+    got = stack.http.get("/v1/teams/edits").json()
+    assert [(m["agent_id"], m["role"], m.get("delegation_hint")) for m in got["members"]] == [
+        ("lead", "supervisor", None),
+        ("checker", "specialist", "checks every claim"),
+    ]
+    assert got["routes"] == [{"when": "^check:", "to": "checker"}]
+    expect(page.locator("#members tbody tr")).to_have_count(2)
+    page.get_by_label("Route 1 to").fill("lead")
+    page.get_by_role("button", name="Save the team").click()
+    expect(page.locator("#team-errors li")).to_have_text(
+        re.compile(r"routes\[0\]\.to 'lead' is not a specialist of this team")
+    )
+    assert stack.http.get("/v1/teams/edits").json()["routes"] == got["routes"]
 
 
 def test_every_page_fits_a_phone_and_is_shot_at_both_widths(
@@ -662,6 +743,160 @@ def test_every_page_fits_a_phone_and_is_shot_at_both_widths(
         finally:
             context.close()
     stack.http.post(f"/v1/steps/{step}/handoff", json={"decision": "approve"})
+
+
+def _tab_to(page: Page, within: str, name: str, tabs: int = 300) -> None:
+    """Press Tab until the focus is on the button ``name`` inside ``within`` (a selector)."""
+    script = (
+        "([within, name]) => { const a = document.activeElement;"
+        " return !!a.closest(within) && a.textContent === name; }"
+    )
+    for _ in range(tabs):
+        page.keyboard.press("Tab")
+        if page.evaluate(script, [within, name]):
+            return
+    pytest.fail(f"Tab never reached {name} in {within}")
+
+
+def test_a_review_and_a_handoff_are_decided_by_keyboard_alone(
+    stack: Stack, page: Page, drafter: str
+) -> None:
+    """In the inbox, Tab reaches a review card's Allow once and a handoff card's Approve,
+    and Enter decides each: the review is allowed, the step completed."""
+    _caller(stack.http, "caller-k")
+    sid = _launch(stack.http, {"agent": "caller-k", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    step = _handoff_step(stack.http, "Plan K")
+    page.goto(f"{stack.base}/ui/inbox")
+    expect(page.locator(f'#handoffs [data-step="{step}"]')).to_be_visible()
+    _tab_to(page, f'#pending [data-review="{rid}"]', "Allow once")
+    page.keyboard.press("Enter")
+    expect(page.locator(f'[data-review="{rid}"] .outcome')).to_have_text("Allowed by local")
+    page.locator("h1").click()  # back to the top of the page: Tab again from there
+    _tab_to(page, f'#handoffs [data-step="{step}"]', "Approve")
+    page.keyboard.press("Enter")
+    expect(page.locator(f'[data-key="{step}:1"] .outcome')).to_have_text(
+        "Approved — the step is completed"
+    )
+    assert stack.http.get(f"/v1/reviews/{rid}").json()["status"] == "allowed"
+    _wait_status(stack.http, sid, "idle")
+
+
+def test_always_allow_from_a_card_shows_at_once_on_the_policies_page(
+    stack: Stack, page: Page
+) -> None:
+    """Always allow (messaging the target) on a review card, then the caller's policies
+    page: its Send messages row for that target reads Allow."""
+    _caller(stack.http, "caller-g")
+    sid = _launch(stack.http, {"agent": "caller-g", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    page.goto(f"{stack.base}/ui/inbox")
+    card = page.locator(f'#pending [data-review="{rid}"]')
+    card.get_by_role("button", name="Always allow").click()
+    expect(page.locator(f'[data-review="{rid}"] .saved')).to_have_text(
+        "policy saved: always allow for target"
+    )
+    page.goto(f"{stack.base}/ui/agents/caller-g/policies")
+    expect(page.get_by_label("Send messages to target", exact=True)).to_have_value("allow")
+    expect(page.get_by_label("Send messages to target2", exact=True)).to_have_value("review")
+    _wait_status(stack.http, sid, "idle")
+
+
+def test_a_denied_invoke_is_a_denied_row_in_the_trace(stack: Stack, page: Page) -> None:
+    """A review denied by a person shows under its session in the trace as denied, with
+    the call and who denied it."""
+    _caller(stack.http, "caller-h")
+    sid = _launch(stack.http, {"agent": "caller-h", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    assert stack.http.post(f"/v1/reviews/{rid}/decision", json={"decision": "deny"}).is_success
+    _wait_status(stack.http, sid, "idle")
+    page.goto(f"{stack.base}/ui/sessions/{sid}/trace")
+    expect(page.locator(".refused li.refused-denied_by_user")).to_have_text(
+        re.compile(r"^denied:\s+invoke target via invoke\s+— by local$")
+    )
+
+
+def test_restore_into_draft_and_retire_from_the_agent_page(stack: Stack, page: Page) -> None:
+    """Restore v1 into draft copies v1 into the draft (v2 stays live); Retire clears the
+    live pointer, the page says retired and the API refuses a launch (agent_retired)."""
+    _agent(stack.http, "restorable", playbook=[{"reply": "v1 here"}])
+    draft = {"playbook": [{"reply": "v2 here"}]}
+    assert stack.http.put("/v1/agents/restorable/draft", json=draft).is_success
+    assert stack.http.post("/v1/agents/restorable/publish").status_code == 201
+    page.goto(f"{stack.base}/ui/agents/restorable")
+    expect(page.get_by_label("Spec")).to_have_value(re.compile("v2 here"))
+    page.get_by_role("button", name="Restore v1 into draft").click()
+    expect(page.locator("#agent-done")).to_have_text(
+        "v1 restored into the draft (nothing published)."
+    )
+    expect(page.get_by_label("Spec")).to_have_value(re.compile("v1 here"))
+    expect(page.locator("#live-version")).to_have_text("v2")
+    got = stack.http.get("/v1/agents/restorable").json()
+    assert (got["live_version"], got["draft"]["playbook"][0]["reply"]) == (2, "v1 here")
+    page.get_by_role("button", name="Retire (refuse new launches)").click()
+    expect(page.locator("#agent-done")).to_have_text(
+        "Retired: new launches are refused until you publish or roll back."
+    )
+    expect(page.locator("#live-version")).to_have_text("retired")
+    refused = stack.http.post("/v1/sessions", json={"agent": "restorable", "prompt": "hi"})
+    assert (refused.status_code, refused.json()["code"]) == (409, "agent_retired")
+
+
+def test_the_draft_editor_shows_and_saves_json(stack: Stack, page: Page) -> None:
+    """The JSON format shows the draft as JSON; edited JSON is saved through the API, and
+    a JSON syntax error is listed with its line."""
+    _agent(stack.http, "jsonish", playbook=[{"reply": "as yaml"}])
+    page.goto(f"{stack.base}/ui/agents/jsonish")
+    page.get_by_label("JSON").check()
+    page.wait_for_url(re.compile(r"\?fmt=json$"))
+    editor = page.get_by_label("Spec")
+    expect(editor).to_have_value(re.compile(r'^\{\s+"playbook": \['))
+    editor.fill('{\n  "playbook": [\n    {"reply": "as json"\n  ]\n}\n')
+    page.get_by_role("button", name="Save draft").click()
+    expect(page.locator("#draft-errors li")).to_contain_text("line 4")
+    editor.fill('{"playbook": [{"reply": "as json"}]}')
+    page.get_by_role("button", name="Save draft").click()
+    expect(page.locator("#agent-done")).to_have_text("Draft saved.")
+    draft = stack.http.get("/v1/agents/jsonish").json()["draft"]
+    assert draft["playbook"][0]["reply"] == "as json"
+
+
+#: The fixer's first reply misses ``summary``; the errors fed back make it answer right.
+FIX_PLAYBOOK = [
+    {"when": "required property", "reply": '{"summary": "fixed"}'},
+    {"reply": '{"wrong": 1}'},
+]
+
+
+def test_a_step_page_shows_the_validation_error_fed_back(stack: Stack, page: Page) -> None:
+    """A step whose first reply fails its schema: the step page lists both attempts, the
+    second fed back with the validation error, and the deliverable of the second; the
+    home page lists it under its steps, and its sessions with their start time."""
+    _agent(stack.http, "fixer", playbook=FIX_PLAYBOOK)
+    resp = stack.http.post(
+        "/v1/steps", json={"agent": "fixer", "input": "Fix me", "output_schema": SUMMARY}
+    )
+    assert resp.status_code == 202, resp.text
+    sid = str(resp.json()["step_id"])
+    _wait_step(stack.http, sid, "completed", attempts=2)
+    page.goto(f"{stack.base}/ui/steps/{sid}")
+    attempts = page.locator(".attempts > li")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(0).locator(".reply")).to_have_text('{"wrong": 1}')
+    expect(attempts.nth(1).locator(".meta").first).to_have_text("Fed back to the agent")
+    expect(attempts.nth(1).locator("pre").first).to_contain_text("'summary' is a required property")
+    expect(page.locator(".fields dd")).to_have_text("fixed")
+    session = _launch(stack.http, {"agent": "target", "prompt": "hi", "sync": True})
+    page.goto(f"{stack.base}/ui/")
+    row = page.locator(
+        f'section[aria-labelledby="list-h"] tr:has(a[href="/ui/sessions/{session}"])'
+    )
+    expect(row.locator("time")).to_have_attribute("datetime", re.compile(r"^\d{4}-\d\d-\d\dT"))
+    expect(row.locator("time")).to_have_text(re.compile(r"^\d\d-\d\d \d\d:\d\d$"))
+    step_row = page.locator(f'section[aria-labelledby="steps-h"] tr:has(a[href="/ui/steps/{sid}"])')
+    expect(step_row).to_contain_text("fixer@1")
+    expect(step_row).to_contain_text("completed")
+    expect(step_row.locator("time")).to_have_text(re.compile(r"^\d\d-\d\d \d\d:\d\d$"))
 
 
 def _footprint(engine: Engine, root: str) -> tuple[Any, ...]:

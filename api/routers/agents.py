@@ -149,6 +149,7 @@ def publish(
         user=caller.acl_user,
         eval_id=body.eval_id if body else None,
         default_gate=settings.publish_gate_config(),
+        published_by=caller.user,
     )
     session.commit()
     if not created:
@@ -178,7 +179,9 @@ def rebase(
     viewer on a base. 200 with the live revision when nothing moved; 409
     ``agent_retired`` / ``agent_not_published`` without a live revision."""
     caller.require(session, slug, "owner")
-    rev, created = registry.rebase(session, slug=slug, user=caller.acl_user)
+    rev, created = registry.rebase(
+        session, slug=slug, user=caller.acl_user, published_by=caller.user
+    )
     session.commit()
     if not created:
         response.status_code = status.HTTP_200_OK

@@ -27,12 +27,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from api.deps import Caller, CallerDep, EngineDep, SessionDep, SettingsDep, TemporalDep
 from api.idempotency import IdempotencyDep
 from api.problems import problem_responses
-from baton.agents.schemas import MAX_OFFSET, Page
+from baton.agents.schemas import MAX_OFFSET, CursorPage, Page
 from baton.contracts.text import SafeText
 from baton.contracts.tool_args import AgentInstructions, AgentName
 from baton.contracts.values import MAX_MESSAGE_CHARS, Decision, Via
 from baton.contracts.workflow_io import ReviewDecision, review_in_time
-from baton.errors import BatonError, EngineUnavailable
+from baton.errors import BatonError, EngineUnavailable, InvalidCursor
 from baton.permissions import reviews
 from baton.storage.db import session_scope, utcnow
 from baton.storage.notify import EventNotifier, Subscription
@@ -329,12 +329,26 @@ def list_audit(
     via: Annotated[Via | None, Query()] = None,
     review_id: Annotated[str | None, Query(pattern=r"^review-[0-9a-f-]{36}$")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            description="A previous page's `next_cursor`: the rows after it, at the cost of "
+            "the first page whatever its depth.",
+        ),
+    ] = None,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-) -> Page[reviews.AuditPublic]:
+) -> CursorPage[reviews.AuditPublic]:
     """Every reviewed or blocked X-Agent operation, newest first (Gamut X-Agent Policies,
-    'Audit trail')."""
-    rows, total = reviews.list_audit(
-        session,
+    'Audit trail'); ``next_cursor`` while more follow.
+
+    Keyset paging (``cursor``): each page is one range read, disjoint from the pages before
+    it however many rows were written since. 422 ``invalid_cursor`` for a cursor this list
+    never gave, or with ``offset``."""
+    if cursor is not None and offset:
+        raise InvalidCursor("a cursor pages alone: drop offset", path="offset")
+    where = reviews.audit_conditions(
         caller=caller_agent,
         target=target,
         operation=operation,
@@ -343,7 +357,10 @@ def list_audit(
         via=via,
         review_id=review_id,
         callers=caller.visible(session),
-        limit=limit,
-        offset=offset,
     )
-    return Page(data=[reviews.audit_public(r) for r in rows], count=total)
+    rows, total, next_cursor = reviews.page_audit(
+        session, where=where, limit=limit, offset=offset, cursor=cursor
+    )
+    return CursorPage(
+        data=[reviews.audit_public(r) for r in rows], count=total, next_cursor=next_cursor
+    )

@@ -36,7 +36,7 @@ from api.ui import evals as ui_evals
 from api.ui import steps as ui_steps
 from baton.agents import registry, teams
 from baton.agents.schemas import MAX_OFFSET
-from baton.errors import EngineUnavailable
+from baton.errors import EngineUnavailable, InvalidCursor
 from baton.grants import auth
 from baton.grants.auth import Unauthorized
 from baton.permissions import reviews
@@ -461,10 +461,16 @@ def parse_spec(
 @router.get("/teams/{team_id}", response_class=HTMLResponse)
 def team_page(request: Request, team_id: str, caller: UiCaller) -> HTMLResponse:
     """A team: its lead (the supervisor), members with their roles and hints, its routes
-    and shared channel. 404 ``team_not_found`` for a missing or hidden team."""
+    and shared channel, and an editor of its members, lead and routes that saves through
+    ``PUT /v1/teams/{id}`` (whose validation errors it shows); in auth mode only a user
+    who owns every member gets the editor. 404 ``team_not_found`` for a missing or hidden
+    team."""
     with session_scope(request.app.state.engine) as s:
         team = get_team(team_id, s, caller).model_dump()
-    return _page(request, "team.html", caller, team=team)
+        can_edit = all(caller.has(s, m["agent_id"], "owner") for m in team["members"])
+        agents, _ = _catalog(s, caller)
+    agents = [a for a in agents if a["kind"] != "ambassador"]
+    return _page(request, "team.html", caller, team=team, can_edit=can_edit, agents=agents)
 
 
 @router.get("/agents/{slug}/policies", response_class=HTMLResponse)
@@ -517,10 +523,15 @@ def audit_page(
     session_id: Annotated[str, Query(pattern=r"^$|^session-[0-9a-f-]{36}$")] = "",
     review_id: Annotated[str, Query(pattern=r"^$|^review-[0-9a-f-]{36}$")] = "",
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> HTMLResponse:
     """The audit log, newest first, filtered by agent (caller), target, outcome and via
     (and a session or review, as the review cards link), :data:`api.ui.audit.PAGE` rows a
-    page; a bad filter is the API's 422 ``validation_error``."""
+    page, paged with the API's ``cursor`` (``offset`` still works); a bad filter is the
+    API's 422 ``validation_error``, a cursor it never gave (or with ``offset``) 422
+    ``invalid_cursor``."""
+    if cursor is not None and offset:
+        raise InvalidCursor("a cursor pages alone: drop offset", path="offset")
     filters = {
         "agent": agent,
         "target": target,
@@ -530,7 +541,7 @@ def audit_page(
         "review_id": review_id,
     }
     with session_scope(request.app.state.engine) as s:
-        view = ui_audit.audit_view(s, caller, filters=filters, offset=offset)
+        view = ui_audit.audit_view(s, caller, filters=filters, offset=offset, cursor=cursor)
         agents, _ = _catalog(s, caller)
     return _page(
         request,

@@ -22,16 +22,24 @@ FILTERS = ("agent", "target", "outcome", "via", "session_id", "review_id")
 
 
 def audit_view(
-    session: Session, caller: Caller, *, filters: dict[str, str], offset: int
+    session: Session,
+    caller: Caller,
+    *,
+    filters: dict[str, str],
+    offset: int = 0,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
     """One page of the audit log the user may see (auth mode: rows of agents they hold a
-    role on, as the API's). ``filters``: :data:`FILTERS` → value ("" = any; ``agent`` is
-    the caller agent). Returns ``{entries, total, offset, older, newer}`` where each entry
-    is the API's audit shape plus ``policy_saved`` (the saved policy's scope, ``target``
-    or ``all``, else null) and ``older``/``newer`` are offsets or null."""
+    role on, as the API's), paged with the API's cursor (:func:`reviews.page_audit`;
+    ``offset`` still skips rows as before). ``filters``: :data:`FILTERS` → value ("" =
+    any; ``agent`` is the caller agent). Returns ``{entries, total, first, older, newer}``
+    where each entry is the API's audit shape plus ``policy_saved`` (the saved policy's
+    scope, ``target`` or ``all``, else null), ``first`` is the 1-based position of the
+    page's first row, ``older`` the cursor of the next page (null on the last) and
+    ``newer`` the query of the page before (``{}`` for the first page; null on it).
+    Raises InvalidCursor."""
     given = {k: (filters.get(k) or None) for k in FILTERS}
-    rows, total = reviews.list_audit(
-        session,
+    where = reviews.audit_conditions(
         caller=given["agent"],
         target=given["target"],
         outcome=given["outcome"],
@@ -39,8 +47,9 @@ def audit_view(
         session_id=given["session_id"],
         review_id=given["review_id"],
         callers=caller.visible(session),
-        limit=PAGE,
-        offset=offset,
+    )
+    rows, total, older = reviews.page_audit(
+        session, where=where, limit=PAGE, offset=offset, cursor=cursor
     )
     ids = {r.review_id for r in rows if r.review_id}
     scopes: dict[str, str | None] = {}
@@ -55,10 +64,43 @@ def audit_view(
     return {
         "entries": entries,
         "total": total,
-        "offset": offset,
-        "older": offset + PAGE if offset + PAGE < total else None,
-        "newer": max(0, offset - PAGE) if offset > 0 else None,
+        "first": offset + _newer_count(session, where, cursor) + 1,
+        "older": older,
+        "newer": _newer_page(session, where, cursor, offset),
     }
+
+
+def _newer_count(session: Session, where: list[Any], cursor: str | None) -> int:
+    """How many matching rows are newer than a cursor page's first row (0 without one)."""
+    if cursor is None:
+        return 0
+    newest = reviews.audit_cursor_id(cursor)  # the cursor's row and every newer one
+    return int(
+        session.exec(
+            select(func.count()).select_from(AuditRow).where(*where, col(AuditRow.id) >= newest)
+        ).one()
+    )
+
+
+def _newer_page(
+    session: Session, where: list[Any], cursor: str | None, offset: int
+) -> dict[str, Any] | None:
+    """The query of the page before this one: ``{"cursor": …}``, ``{}`` (the first page;
+    ``{"offset": …}`` when this page came by offset), or None on the first page. Keyset
+    paging runs one way, so the cursor of the page before is found from the :data:`PAGE`
+    + 1 matching rows just newer than this page."""
+    if cursor is None:
+        return {"offset": max(0, offset - PAGE)} if offset > 0 else None
+    top = reviews.audit_cursor_id(cursor)
+    newer = session.exec(
+        select(AuditRow)
+        .where(*where, col(AuditRow.id) >= top)
+        .order_by(col(AuditRow.id))
+        .limit(PAGE + 1)
+    ).all()
+    if len(newer) <= PAGE:
+        return {}
+    return {"cursor": reviews.audit_cursor(newer[PAGE])}
 
 
 #: Refused calls the trace lists per session at most.

@@ -154,6 +154,7 @@ def revision_public(agent: Agent, rev: AgentRevision) -> RevisionPublic:
         extends_pins=rev.extends_pins,
         eval_id=rev.eval_id,
         published_at=rev.published_at,
+        published_by=rev.published_by,
     )
 
 
@@ -555,6 +556,7 @@ def publish(
     user: str | None = None,
     eval_id: str | None = None,
     default_gate: PublishGate | None = None,
+    published_by: str | None = None,
 ) -> tuple[AgentRevision, bool]:
     """Publish the draft: validate, pass the publish gate, store revision N+1 with its
     pinned bases and the eval it passed, move the live pointer.
@@ -565,7 +567,8 @@ def publish(
     ``(revision, created)``; ``created`` is False when the draft is identical (same
     digest) to the live revision and resolves to the same bases, and nothing is
     written. Publishing a retired agent brings it back. With ``user`` (auth mode) the
-    references are ACL-checked (see :func:`_validate_as_live`).
+    references are ACL-checked (see :func:`_validate_as_live`). ``published_by`` (the
+    caller's user, ``local`` with auth off) is recorded on the new revision.
 
     The publish gate (docs/change-safely.md, 'The publish gate'; :func:`gate_in_force`,
     ``default_gate`` being ``BATON_PUBLISH_GATE``) needs an eval of this draft that
@@ -578,10 +581,14 @@ def publish(
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
     spec = AgentSpec.model_validate(_draft(session, agent).spec)
-    return _publish_spec(session, agent, spec, user, gate=_GateCall(eval_id, default_gate))
+    return _publish_spec(
+        session, agent, spec, user, gate=_GateCall(eval_id, default_gate), by=published_by
+    )
 
 
-def rebase(session: Session, *, slug: str, user: str | None = None) -> tuple[AgentRevision, bool]:
+def rebase(
+    session: Session, *, slug: str, user: str | None = None, published_by: str | None = None
+) -> tuple[AgentRevision, bool]:
     """Publish the live revision's spec again, pinned to its bases' live revisions now.
 
     The explicit way to follow a newer base (a published revision never does by itself):
@@ -589,7 +596,8 @@ def rebase(session: Session, *, slug: str, user: str | None = None) -> tuple[Age
     a base can no longer take in its new content (403 ``forbidden``). The draft is not
     read or changed. Returns ``(revision, created)``; ``created`` is False (nothing
     written) when the bases' live revisions are the pinned ones. Raises AgentNotFound,
-    AgentRetired, AgentNotPublished, Forbidden, InvalidSpec.
+    AgentRetired, AgentNotPublished, Forbidden, InvalidSpec. ``published_by`` is recorded
+    on the new revision, as for :func:`publish`.
     """
     lock_registry(session)
     agent = get_agent(session, slug=slug, for_update=True)
@@ -599,7 +607,7 @@ def rebase(session: Session, *, slug: str, user: str | None = None) -> tuple[Age
             raise AgentRetired(f"agent '{slug}' is retired; publish or roll back to use it again")
         raise AgentNotPublished(f"agent '{slug}' has no published revision to rebase")
     spec = AgentSpec.model_validate(_revision(session, agent, live).spec)
-    return _publish_spec(session, agent, spec, user, gate=None)
+    return _publish_spec(session, agent, spec, user, gate=None, by=published_by)
 
 
 @dataclass(frozen=True)
@@ -646,11 +654,18 @@ def gate_in_force(
 
 
 def _publish_spec(
-    session: Session, agent: Agent, spec: AgentSpec, user: str | None, *, gate: _GateCall | None
+    session: Session,
+    agent: Agent,
+    spec: AgentSpec,
+    user: str | None,
+    *,
+    gate: _GateCall | None,
+    by: str | None,
 ) -> tuple[AgentRevision, bool]:
     """Publish ``spec`` as ``agent``'s next revision (the registry lock is held): the one
     path of :func:`publish` and :func:`rebase`. ``gate`` None: not a draft (a rebase
-    republishes a spec that was published already), so no publish gate applies."""
+    republishes a spec that was published already), so no publish gate applies. ``by``:
+    who publishes (recorded on the revision)."""
     digest = spec_digest(spec)
     candidate = LoadedRevision(
         slug=agent.slug,
@@ -690,6 +705,7 @@ def _publish_spec(
         spec=_dump(spec),
         extends_pins=pins,
         eval_id=passed,
+        published_by=by,
     )
     session.add(rev)
     _set_live(session, agent, rev.version)

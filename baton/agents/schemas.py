@@ -146,6 +146,7 @@ class RevisionPublic(BaseModel):
                     "extends_pins": ["base@1"],
                     "eval_id": "eval-5f0c9a3e-2b1d-4c8e-9a7f-1d2e3f4a5b6c",
                     "published_at": "2026-11-29T12:05:00Z",
+                    "published_by": "alice",
                 }
             ]
         }
@@ -167,6 +168,12 @@ class RevisionPublic(BaseModel):
         "(docs/change-safely.md); null when no gate applied.",
     )
     published_at: datetime
+    published_by: str | None = Field(
+        default=None,
+        description="Who published it: the caller's user (`local` with auth off); null when "
+        "not recorded (published before this was recorded, or by `baton apply` on the "
+        "database directly).",
+    )
 
 
 class PublishBody(BaseModel):

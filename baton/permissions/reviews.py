@@ -14,6 +14,7 @@ deny, and never saves a policy in auth mode.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -30,7 +31,7 @@ from sqlmodel import Session, col, select
 from baton import telemetry
 from baton.contracts.values import Decision
 from baton.contracts.workflow_io import ReviewDecision
-from baton.errors import Conflict, NotFound
+from baton.errors import Conflict, InvalidCursor, NotFound
 from baton.storage.db import AuditRow, ReviewRow, page, utcnow
 from baton.webhooks import events as webhook_events
 
@@ -351,6 +352,36 @@ def add_audit(
     return row
 
 
+def audit_conditions(
+    *,
+    caller: str | None = None,
+    target: str | None = None,
+    operation: str | None = None,
+    outcome: str | None = None,
+    session_id: str | None = None,
+    via: str | None = None,
+    review_id: str | None = None,
+    callers: list[str] | None = None,
+) -> list[Any]:
+    """The WHERE of an audit list: each filter an equality; ``callers`` limits to those
+    agents (auth mode)."""
+    conditions: list[Any] = []
+    for column, value in (
+        (AuditRow.caller_agent_slug, caller),
+        (AuditRow.target_agent_slug, target),
+        (AuditRow.operation, operation),
+        (AuditRow.outcome, outcome),
+        (AuditRow.session_id, session_id),
+        (AuditRow.via, via),
+        (AuditRow.review_id, review_id),
+    ):
+        if value is not None:
+            conditions.append(col(column) == value)
+    if callers is not None:
+        conditions.append(col(AuditRow.caller_agent_slug).in_(callers))
+    return conditions
+
+
 def list_audit(
     session: Session,
     *,
@@ -367,24 +398,76 @@ def list_audit(
 ) -> tuple[list[AuditRow], int]:
     """Audit rows newest first, filtered (each filter an equality); ``callers`` limits
     to those agents (auth mode). ``(rows, total matching)``."""
-    conditions = []
-    for column, value in (
-        (AuditRow.caller_agent_slug, caller),
-        (AuditRow.target_agent_slug, target),
-        (AuditRow.operation, operation),
-        (AuditRow.outcome, outcome),
-        (AuditRow.session_id, session_id),
-        (AuditRow.via, via),
-        (AuditRow.review_id, review_id),
-    ):
-        if value is not None:
-            conditions.append(col(column) == value)
-    if callers is not None:
-        conditions.append(col(AuditRow.caller_agent_slug).in_(callers))
+    conditions = audit_conditions(
+        caller=caller,
+        target=target,
+        operation=operation,
+        outcome=outcome,
+        session_id=session_id,
+        via=via,
+        review_id=review_id,
+        callers=callers,
+    )
     newest_first = [col(AuditRow.id).desc()]
     return page(
         session, AuditRow, where=conditions, order_by=newest_first, limit=limit, offset=offset
     )
+
+
+_AUDIT_CURSOR = "audit|"
+
+
+def audit_cursor(row: AuditRow) -> str:
+    """The opaque audit list cursor after ``row`` (its id, base64url)."""
+    raw = f"{_AUDIT_CURSOR}{row.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def audit_cursor_id(cursor: str) -> int:
+    """The audit row id an :func:`audit_cursor` names. Raises InvalidCursor."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except ValueError:
+        raw = ""
+    tail = raw.removeprefix(_AUDIT_CURSOR)
+    if raw == tail or not tail.isdigit() or len(tail) > 18:
+        raise InvalidCursor(f"cursor '{cursor[:160]}' is not the audit log's", path="cursor")
+    return int(tail)
+
+
+def page_audit(
+    session: Session,
+    *,
+    where: list[Any],
+    limit: int = 50,
+    offset: int = 0,
+    cursor: str | None = None,
+) -> tuple[list[AuditRow], int, str | None]:
+    """One page of the audit rows matching ``where`` (:func:`audit_conditions`), newest
+    first: ``(rows, total matching, next_cursor)``.
+
+    ``cursor`` (a previous page's ``next_cursor``) is keyset paging: the rows older than
+    the one it names, one range read of the primary key whatever the depth, disjoint from
+    the pages before it however many rows were written since. ``offset`` skips rows
+    instead. ``next_cursor`` is set while more rows follow, None on the last page (also
+    when the page holds exactly ``limit`` rows and none follow). Raises InvalidCursor.
+    """
+    total = session.exec(select(func.count()).select_from(AuditRow).where(*where)).one()
+    conditions = list(where)
+    if cursor is not None:
+        conditions.append(col(AuditRow.id) < audit_cursor_id(cursor))
+    found = list(
+        session.exec(
+            select(AuditRow)
+            .where(*conditions)
+            .order_by(col(AuditRow.id).desc())
+            .offset(offset)
+            .limit(limit + 1)  # one more tells whether another page follows
+        ).all()
+    )
+    rows = found[:limit]
+    next_cursor = audit_cursor(rows[-1]) if len(found) > limit else None
+    return rows, int(total), next_cursor
 
 
 # --- proofs of decisions --------------------------------------------

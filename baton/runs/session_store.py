@@ -33,7 +33,8 @@ from baton.contracts.activity_io import ResumePoint
 from baton.contracts.tool_args import PRESENT_EXHIBIT, compact_exhibit_args
 from baton.contracts.values import CLOSED_STATUSES, SessionStatus, Usage
 from baton.contracts.workflow_io import Provenance
-from baton.errors import BatonError, SessionClosed, SessionNotFound
+from baton.errors import InvalidCursor as InvalidCursor  # its lists raise it: re-exported
+from baton.errors import SessionClosed, SessionNotFound
 from baton.storage import notify
 from baton.storage.db import (
     EventRow,
@@ -43,16 +44,6 @@ from baton.storage.db import (
     StepRow,
     utcnow,
 )
-
-
-class InvalidCursor(BatonError):
-    """A ``cursor`` this list never gave: a transcript's naming no message of the session,
-    or a session list's that does not decode."""
-
-    code = "invalid_cursor"
-    status = 422
-    title = "Invalid cursor"
-
 
 #: Largest transcript page (``limit``) the API serves.
 MAX_TRANSCRIPT_PAGE = 500

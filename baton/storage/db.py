@@ -99,6 +99,9 @@ class AgentRevision(SQLModel, table=True):
     published_at: datetime = _ts()
     #: The eval this revision passed to be published (its agent's publish gate), or None.
     eval_id: str | None = Field(default=None, max_length=80)
+    #: Who published it (the caller's user; ``local`` with auth off), or None when not
+    #: recorded (published before migration 0020, or by ``baton apply`` on the database).
+    published_by: str | None = Field(default=None, max_length=200)
 
 
 class AgentLivePointer(SQLModel, table=True):

@@ -65,6 +65,11 @@ function reviewCard(review) {
       ? `First time ${review.caller} asks for this.`
       : `Before: allowed ${allowed} time${allowed === 1 ? "" : "s"}, denied ${denied} time${denied === 1 ? "" : "s"}.` }));
   }
+  // Before deciding: this caller's earlier decisions on this target (a pending review has
+  // no audit row of its own yet; a resolved card links that row below).
+  const past = new URLSearchParams({ agent: review.caller, ...(review.target ? { target: review.target } : {}) });
+  card.append(el("p", { class: "links" }, el("a", { href: `/ui/audit?${past}`,
+    class: "history-link", text: "Past decisions in the audit log" })));
   card.append(el("div", { class: "body" }));
   fillReview(card, review);
   return card;
@@ -880,6 +885,84 @@ function agentPage() {
   }
 }
 
+// --- a team: members, lead and routes, saved with PUT /v1/teams/{id} ---------------------------
+
+function teamPage() {
+  const form = $("#team-form");
+  const done = $("#team-done");
+  const told = sessionStorage.getItem("baton-team-done");
+  if (told) { done.textContent = told; sessionStorage.removeItem("baton-team-done"); }
+  if (!form) return;
+  const members = $("#team-members"); const routes = $("#team-routes");
+  const errors = $("#team-errors");
+  // Every control says which row it is in (the rows are added and removed).
+  const label = () => {
+    members.querySelectorAll("tr").forEach((row, i) => {
+      const n = i + 1;
+      $(".m-agent", row).setAttribute("aria-label", `Member ${n} agent`);
+      $(".m-lead", row).setAttribute("aria-label", `Member ${n} is the lead`);
+      $(".m-hint", row).setAttribute("aria-label", `Member ${n} delegation hint`);
+      $(".m-remove", row).setAttribute("aria-label", `Remove member ${n}`);
+    });
+    routes.querySelectorAll("tr").forEach((row, i) => {
+      const n = i + 1;
+      $(".r-when", row).setAttribute("aria-label", `Route ${n} when`);
+      $(".r-to", row).setAttribute("aria-label", `Route ${n} to`);
+      $(".r-remove", row).setAttribute("aria-label", `Remove route ${n}`);
+    });
+  };
+  const add = (body, template) => {
+    body.append($(template).content.cloneNode(true));
+    label();
+    $("input", body.lastElementChild).focus();
+  };
+  $("#add-member").addEventListener("click", () => add(members, "#member-row"));
+  $("#add-route").addEventListener("click", () => add(routes, "#route-row"));
+  form.addEventListener("click", (e) => {
+    const remove = e.target.closest(".m-remove, .r-remove");
+    if (!remove) return;
+    remove.closest("tr").remove();
+    label();
+  });
+  label();
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    errors.replaceChildren();
+    const rows = [...members.querySelectorAll("tr")];
+    const lead = rows.find((row) => $(".m-lead", row).checked);
+    const body = {
+      id: form.dataset.team,
+      name: form.dataset.name,
+      description: form.dataset.description,
+      shared_channel: form.dataset.channel,
+      supervisor_agent_id: lead ? $(".m-agent", lead).value.trim() : "",
+      members: rows.map((row) => {
+        const hint = $(".m-hint", row).value.trim();
+        return { agent_id: $(".m-agent", row).value.trim(),
+          role: row === lead ? "supervisor" : "specialist", ...(hint ? { delegation_hint: hint } : {}) };
+      }),
+      routes: [...routes.querySelectorAll("tr")].map((row) => (
+        { when: $(".r-when", row).value, to: $(".r-to", row).value.trim() })),
+    };
+    const button = $('button[type="submit"]', form);
+    button.disabled = true;
+    try {
+      await api("PUT", `/v1/teams/${form.dataset.team}`, body);
+      sessionStorage.setItem("baton-team-done", "Saved. New runs of the team use it.");
+      window.location.reload();
+    } catch (err) {
+      const data = err.data || {};
+      const list = data.errors && data.errors.length ? data.errors
+        : [{ path: data.path || "", message: data.detail || err.message }];
+      for (const item of list) {
+        errors.append(el("li", { class: "field-error", "data-path": item.path || "",
+          text: `${item.path ? `${item.path}: ` : ""}${item.message}` }));
+      }
+      button.disabled = false;
+    }
+  });
+}
+
 // --- an eval's page -------------------------------------------------------------------------
 
 function evalPage() {
@@ -903,7 +986,7 @@ function evalPage() {
   window.setTimeout(poll, 1000);
 }
 
-const PAGES = { inbox: inboxPage, session: sessionPage, home: homePage, step: stepPage, policies: policiesPage, agent: agentPage, eval: evalPage };
+const PAGES = { inbox: inboxPage, session: sessionPage, home: homePage, step: stepPage, policies: policiesPage, agent: agentPage, eval: evalPage, team: teamPage };
 document.addEventListener("DOMContentLoaded", () => {
   const page = PAGES[document.body.dataset.page];
   if (page) page();
