@@ -3,6 +3,8 @@ changes): each was recorded by tests/record_histories.py on the code of a releas
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,29 @@ def test_the_edit_check_gate_replays_both_ways() -> None:
     assert "MARKER_RECORDED" not in before and "check_edited_deliverable" not in before
     assert "MARKER_RECORDED" in after and after.count("check_edited_deliverable") == 2
     assert EDIT_CHECK_PATCH == "handoff-edit-checked"
+
+
+def scheduled(path: Path) -> list[tuple[str, str]]:
+    """Each activity a history schedules: its type and its summary."""
+    out = []
+    for event in json.loads(path.read_text())["events"]:
+        attrs = event.get("activityTaskScheduledEventAttributes")
+        if attrs:
+            data = event.get("userMetadata", {}).get("summary", {}).get("data", "")
+            out.append((attrs["activityType"]["name"], json.loads(base64.b64decode(data))))
+    return out
+
+
+def test_the_workspace_tools_gate_replays_both_ways() -> None:
+    """The workspace-tools gate has a history of its old branch (no marker, ``write_file``
+    run by ``run_tool``) and of its new one (marker, the ``workspace_tool`` activity)."""
+    from workflows.dispatch import WORKSPACE_TOOLS_PATCH
+
+    before = HERE / "workspace-tools-1.0.0-run1.json"
+    after = HERE / "workspace-tools-1.1.0-run1.json"
+    assert "MARKER_RECORDED" not in before.read_text()
+    assert ("run_tool", "write_file · turn 1") in scheduled(before)
+    assert all(kind != "workspace_tool" for kind, _ in scheduled(before))
+    assert "MARKER_RECORDED" in after.read_text()
+    assert ("workspace_tool", "write_file · turn 1") in scheduled(after)
+    assert WORKSPACE_TOOLS_PATCH == "workspace-tools"
