@@ -2,9 +2,10 @@
 each workflow type, on the code of one release (docs/development.md, Workflow changes).
 
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` from the repo root, TAG
-the release (``1.0.0``); scenarios: base, unloadable, xagent, xagent-reads, delegation,
-idle, external, step, step-ends, step-edited, inquiry, webhook, workspace, workspace-1.0.0
-(the workspace gate's old branch, named 1.0.0 whatever TAG), exhibit (default all).
+the release (``1.0.0``; on unreleased code the next one, docs/development.md); scenarios:
+base, unloadable, xagent, xagent-reads, delegation, idle, external, step, step-ends,
+step-edited, inquiry, webhook, workspace, workspace-1.0.0 (the workspace gate's old
+branch, named 1.0.0 whatever TAG), exhibit (default all).
 Existing files are kept, so the histories of older releases stay in the suite while their
 gates live.
 """
