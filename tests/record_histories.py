@@ -2,10 +2,12 @@
 each workflow type, on the code of one release (docs/development.md, Workflow changes).
 
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` from the repo root, TAG
-the release (``1.0.0``); scenarios: base, unloadable, xagent, xagent-reads, delegation,
-idle, external, step, step-ends, step-edited, inquiry, webhook, workspace, exhibit (default
-all). Existing files are kept, so the histories of older releases stay in the suite while
-their gates live.
+the release (``1.0.0``; on unreleased code the next one, docs/development.md); scenarios:
+base, unloadable, xagent, xagent-reads, delegation, idle, external, step, step-ends,
+step-edited, inquiry, webhook, workspace, workspace-1.0.0 (the workspace gate's old
+branch, named 1.0.0 whatever TAG), exhibit (default all).
+Existing files are kept, so the histories of older releases stay in the suite while their
+gates live.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import contextlib
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 from sqlalchemy.engine import Engine
+from temporalio import workflow
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -39,8 +44,9 @@ HERE = Path(__file__).parent / "histories"
 TAG = sys.argv[1] if len(sys.argv) > 1 else "1.0.0"
 
 
-async def save(client: Client, session_id: str, name: str) -> None:
-    """Write every run of ``session_id`` as ``<name>-<TAG>-run<N>.json`` (unless present).
+async def save(client: Client, session_id: str, name: str, release: str | None = None) -> None:
+    """Write every run of ``session_id`` as ``<name>-<release>-run<N>.json`` (unless
+    present), ``release`` TAG unless a scenario records an older release's commands.
 
     An open run is terminated first: a history that stops mid-task cannot be replayed.
     """
@@ -49,7 +55,7 @@ async def save(client: Client, session_id: str, name: str) -> None:
         await handle.terminate("recorded for the replay suite")
     runs = [w async for w in client.list_workflows(f"WorkflowId = '{session_id}'")]
     for n, run in enumerate(sorted(runs, key=lambda r: r.start_time), start=1):
-        path = HERE / f"{name}-{TAG}-run{n}.json"
+        path = HERE / f"{name}-{release or TAG}-run{n}.json"
         if path.exists():
             print(f"kept {path.name}")
             continue
@@ -565,6 +571,43 @@ async def workspace_scenario(client: Client, engine: Engine, worker: Worker) -> 
     await save(client, done.session_id, "workspace-tools")
 
 
+@contextlib.contextmanager
+def gate_off(patch_id: str) -> Iterator[None]:
+    """``workflow.patched(patch_id)`` answers False, as on the release before the gate: new
+    runs take the gate's old branch and record no marker (other gates answer as usual)."""
+    real = workflow.patched
+
+    def patched(candidate: str) -> bool:
+        return False if candidate == patch_id else real(candidate)
+
+    # The sandbox passes temporalio through, so the workflow code sees this module object.
+    with mock.patch.object(workflow, "patched", patched):
+        yield
+
+
+async def workspace_before_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """The workspace scenario on the gate's old branch (1.0.0's commands): each call named
+    like a workspace tool schedules ``run_tool``, which refuses it as an unknown tool."""
+    from workflows.dispatch import WORKSPACE_TOOLS_PATCH
+
+    with gate_off(WORKSPACE_TOOLS_PATCH):
+        publish(
+            engine,
+            "old-filer",
+            playbook=[
+                {"when": "^write_file: ", "reply": "Could not write."},
+                {
+                    "reply": "Writing.",
+                    "tool_calls": [
+                        {"tool": "write_file", "args": {"path": "notes.txt", "content": "hello"}}
+                    ],
+                },
+            ],
+        )
+        done = await launch(client, engine, worker, "old-filer", "keep a note")
+        await save(client, done.session_id, "workspace-tools", release="1.0.0")
+
+
 async def exhibit_scenario(client: Client, engine: Engine, worker: Worker) -> None:
     """Exhibits: a markdown exhibit and a refused one, and a delegation whose specialist
     shows one (forwarded to the root; the delegator's result says it is displayed)."""
@@ -614,6 +657,7 @@ SCENARIOS = {
     "inquiry": inquiry_scenario,
     "webhook": webhook_scenario,
     "workspace": workspace_scenario,
+    "workspace-1.0.0": workspace_before_scenario,
     "exhibit": exhibit_scenario,
 }
 

@@ -54,6 +54,19 @@ def test_every_api_operation_is_in_the_api_reference() -> None:
         assert f"### `{op}`\n" in page, op
 
 
+def test_the_deployment_page_names_every_workflows_versioning_behaviour() -> None:
+    """Every workflow type of ``VERSIONING_BEHAVIOR`` is named on the deployment page with
+    its behaviour."""
+    from worker.factory import VERSIONING_BEHAVIOR
+
+    page = " ".join((ROOT / "docs" / "deployment.md").read_text(encoding="utf-8").split())
+    section = page.split("How the workflows follow new builds:", 1)[1].split("Rolling out", 1)[0]
+    for cls, behavior in VERSIONING_BEHAVIOR.items():
+        name = cls.__name__.removesuffix("Workflow")  # each class is its type's name + Workflow
+        assert f"`{name}`" in section, name
+        assert f"**{behavior.name}**" in section, behavior.name
+
+
 def test_a_stale_block_is_reported(tmp_path: Path) -> None:
     """The check can fail: a page whose block lacks a setting is stale, and ``write``
     restores it."""

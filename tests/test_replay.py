@@ -3,6 +3,9 @@ changes): each was recorded by tests/record_histories.py on the code of a releas
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from worker.factory import WORKFLOWS
 
 HERE = Path(__file__).parent / "histories"
 HISTORIES = sorted(HERE.glob("*.json"))
+CHANGELOG = Path(__file__).parent.parent / "CHANGELOG.md"
 
 #: Every ending of each workflow type, recorded on the 1.0.0 baseline.
 BASELINE = {
@@ -67,6 +71,28 @@ def test_the_baseline_histories_are_checked_in() -> None:
     assert (HERE / "idle-restart-1.0.0-run2.json").exists()
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def test_history_names_follow_the_release_pattern() -> None:
+    """Every history is ``<scenario>-<release>-run<N>.json``, its release one the changelog
+    lists or the single next one the unreleased code will ship as (docs/development.md)."""
+    released = set(re.findall(r"^## (\d+\.\d+\.\d+)", CHANGELOG.read_text(), re.MULTILINE))
+    assert released
+    latest = max(released, key=_version)
+    pattern = re.compile(r"[a-z][a-z0-9-]*-(\d+\.\d+\.\d+)-run[1-9][0-9]*\.json")
+    unreleased = set()
+    for path in HISTORIES:
+        match = pattern.fullmatch(path.name)
+        assert match, path.name
+        release = match.group(1)
+        if release not in released:
+            assert _version(release) > _version(latest), path.name
+            unreleased.add(release)
+    assert len(unreleased) <= 1, unreleased
+
+
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_without_nondeterminism(path: Path) -> None:
     """A recorded run replays cleanly: the workflow code still issues the same commands."""
@@ -80,8 +106,34 @@ def test_the_edit_check_gate_replays_both_ways() -> None:
     edit taken as sent) and from after it (marker, an edit refused then one taken)."""
     from workflows.step import EDIT_CHECK_PATCH
 
-    before = (HERE / "step-handoff-edited-1.0.0+edits-run1.json").read_text()
-    after = (HERE / "step-handoff-edit-refused-1.0.0+edit-check-run1.json").read_text()
+    before = (HERE / "step-handoff-edited-1.0.0-run1.json").read_text()
+    after = (HERE / "step-handoff-edit-refused-1.1.0-run1.json").read_text()
     assert "MARKER_RECORDED" not in before and "check_edited_deliverable" not in before
     assert "MARKER_RECORDED" in after and after.count("check_edited_deliverable") == 2
     assert EDIT_CHECK_PATCH == "handoff-edit-checked"
+
+
+def scheduled(path: Path) -> list[tuple[str, str]]:
+    """Each activity a history schedules: its type and its summary."""
+    out = []
+    for event in json.loads(path.read_text())["events"]:
+        attrs = event.get("activityTaskScheduledEventAttributes")
+        if attrs:
+            data = event.get("userMetadata", {}).get("summary", {}).get("data", "")
+            out.append((attrs["activityType"]["name"], json.loads(base64.b64decode(data))))
+    return out
+
+
+def test_the_workspace_tools_gate_replays_both_ways() -> None:
+    """The workspace-tools gate has a history of its old branch (no marker, ``write_file``
+    run by ``run_tool``) and of its new one (marker, the ``workspace_tool`` activity)."""
+    from workflows.dispatch import WORKSPACE_TOOLS_PATCH
+
+    before = HERE / "workspace-tools-1.0.0-run1.json"
+    after = HERE / "workspace-tools-1.1.0-run1.json"
+    assert "MARKER_RECORDED" not in before.read_text()
+    assert ("run_tool", "write_file · turn 1") in scheduled(before)
+    assert all(kind != "workspace_tool" for kind, _ in scheduled(before))
+    assert "MARKER_RECORDED" in after.read_text()
+    assert ("workspace_tool", "write_file · turn 1") in scheduled(after)
+    assert WORKSPACE_TOOLS_PATCH == "workspace-tools"

@@ -247,6 +247,14 @@ def activity_methods(*instances: object) -> list[Callable[..., Any]]:
             if not isinstance(member, FunctionType | staticmethod | classmethod):
                 continue  # properties and data are not read: only methods can be activities
             bound = getattr(obj, name)
+            # A private SDK read, kept for want of a public one: temporalio (1.35) has no
+            # public way to ask whether a callable is an activity. ``activity.defn`` keeps
+            # the definition in a private attribute that only ``activity._Definition``
+            # reads (the SDK's own ``testing.ActivityEnvironment`` reads it so too), and
+            # ``temporalio.activity`` exports nothing that reads it back. A marker of
+            # Baton's own would be a second decorator on every activity, kept in step
+            # with the first by hand; tests/test_session_collaborators.py fails if an SDK
+            # upgrade moves the attribute.
             if activity._Definition.from_callable(bound) is not None:
                 found.append(bound)
     return found

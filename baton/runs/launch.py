@@ -14,6 +14,7 @@ starts its next run from the state stored in the DB, under the same workflow id.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -256,27 +257,64 @@ async def launch_session(
     start; nothing is left behind) or TurnFailed (sync, the first turn failed).
     """
     idempotent = session_id is not None and recorded is None
-
-    def record() -> Recorded:
-        with session_scope(engine) as s:
-            return record_session(
-                s,
-                session_id=session_id or new_session_id(),
-                ref=ref,
-                prompt=prompt,
-                provenance=provenance,
-                name=name,
-                idempotent=idempotent,
-                agent=agent,
-            )
-
     if recorded is None:
-        recorded = await asyncio.to_thread(record)
-    session_id, slug, version = recorded.session_id, recorded.slug, recorded.version
-    pin = f"{slug}@{version}"
-    inp = SessionInput(
-        session_id=session_id,
-        agent_pin=pin,
+        record = functools.partial(
+            record_session,
+            session_id=session_id or new_session_id(),
+            ref=ref,
+            prompt=prompt,
+            provenance=provenance,
+            name=name,
+            idempotent=idempotent,
+            agent=agent,
+        )
+        recorded = await asyncio.to_thread(_in_transaction, engine, record)
+    inp = _session_input(recorded, provenance=provenance, config=config, team=team, turn=turn)
+    start = _start_operation(
+        client,
+        inp,
+        task_queue=task_queue,
+        name=name or _name(prompt),
+        attach=idempotent or keyed,
+    )
+    first = UserMessage(
+        prompt=prompt,
+        invoked_by_agent=provenance.invoked_by_agent,
+        user=provenance.created_by_user,
+        in_transcript=in_transcript,
+    )
+    outcome = await _start_with_message(
+        client,
+        engine,
+        start,
+        first,
+        session_id=inp.session_id,
+        sync=sync,
+        update_id=update_id or f"{inp.session_id}:message-1",
+        keep_row=idempotent,
+    )
+    response = await reply_text(engine, outcome)
+    return Launched(recorded.session_id, recorded.slug, recorded.version, outcome, response)
+
+
+def _in_transaction(engine: Engine, fn: Callable[[Session], T]) -> T:
+    """``fn`` in a transaction of its own."""
+    with session_scope(engine) as s:
+        return fn(s)
+
+
+def _session_input(
+    recorded: Recorded,
+    *,
+    provenance: Provenance,
+    config: SessionConfig,
+    team: TeamSnapshot | None,
+    turn: int,
+) -> SessionInput:
+    """The first run's input for the session ``recorded`` describes."""
+    return SessionInput(
+        session_id=recorded.session_id,
+        agent_pin=f"{recorded.slug}@{recorded.version}",
         provenance=provenance,
         config=config,
         # The snapshot goes in the input: the first workflow task schedules the first
@@ -286,40 +324,54 @@ async def launch_session(
         team=team,
         turn=turn,
     )
-    start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+
+
+def _start_operation(
+    client: Client, inp: SessionInput, *, task_queue: str, name: str, attach: bool
+) -> WithStartWorkflowOperation[Any, Any]:
+    """The start of the session's first run; ``attach``: a start that finds the workflow
+    running uses it (an idempotent or keyed launch) instead of failing."""
+    return WithStartWorkflowOperation(
         WORKFLOW,
         inp,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING
-        if idempotent or keyed
+        if attach
         else WorkflowIDConflictPolicy.FAIL,
         # A retried delegation must never start the id again once its session closed.
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        **_start_options(
-            inp, task_queue=task_queue, name=name or _name(prompt), namespace=client.namespace
-        ),
+        **_start_options(inp, task_queue=task_queue, name=name, namespace=client.namespace),
     )
+
+
+async def _start_with_message(
+    client: Client,
+    engine: Engine,
+    start: WithStartWorkflowOperation[Any, Any],
+    message: UserMessage,
+    *,
+    session_id: str,
+    sync: bool,
+    update_id: str,
+    keep_row: bool,
+) -> TurnOutcome | None:
+    """Start the run with its first message by update-with-start: the turn's outcome
+    (``sync``) or None once the Update is accepted. A refused Update raises its error, a
+    refused start what :func:`_start_refused` decides (``keep_row``: the row stays)."""
     try:
         handle = await client.start_update_with_start_workflow(
             UPDATE,
-            UserMessage(
-                prompt=prompt,
-                invoked_by_agent=provenance.invoked_by_agent,
-                user=provenance.created_by_user,
-                in_transcript=in_transcript,
-            ),
+            message,
             start_workflow_operation=start,
             wait_for_stage=WorkflowUpdateStage.COMPLETED if sync else WorkflowUpdateStage.ACCEPTED,
-            id=update_id or f"{session_id}:message-1",
+            id=update_id,
             result_type=TurnOutcome,
         )
-        outcome = await handle.result() if sync else None
+        return await handle.result() if sync else None
     except WorkflowUpdateFailedError as exc:
         raise _update_error(exc, session_id) from exc
     except RPCError as exc:
-        error = await _start_refused(client, engine, exc, session_id, keep_row=idempotent)
+        error = await _start_refused(client, engine, exc, session_id, keep_row=keep_row)
         raise error from exc
-    response = await reply_text(engine, outcome)
-    return Launched(session_id, slug, version, outcome, response)
 
 
 async def _start_refused(
