@@ -38,11 +38,12 @@ PROCESS_HEAVY_FILES = frozenset(
 #: processes) is minutes long and mostly waits on the build: a group of its own runs it
 #: beside the ``processes`` group instead of after it, its image built once, and the light
 #: files fill in around both. The Temporal UI tests share one module stack (one dev server
-#: and UI, not two).
+#: and UI, not two); the S3 workspace tests one moto server.
 XDIST_GROUPS: dict[str, str] = {
     **dict.fromkeys(PROCESS_HEAVY_FILES, "processes"),
     "test_deploy_image.py": "image",
     "test_temporal_ui.py": "temporal-ui",
+    "test_workspaces_s3.py": "s3",  # one moto S3 server for the module, not one per process
 }
 
 

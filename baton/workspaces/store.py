@@ -251,11 +251,16 @@ def _modified(info: dict[str, Any]) -> datetime:
     """When a file was last written, from an fsspec ``info`` (local: ``mtime``; S3:
     ``LastModified``), in UTC."""
     value = info.get("mtime", info.get("LastModified", info.get("last_modified")))
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, datetime):  # botocore's LastModified: aware, in the local zone
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
     if isinstance(value, int | float):
         return datetime.fromtimestamp(value, UTC)
     return datetime.now(UTC)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 class Workspace:
@@ -276,6 +281,7 @@ class Workspace:
         self._root = root
         self._base = posixpath.join(root, workspace_id)
         self._local = isinstance(fs, LocalFileSystem)
+        self._s3 = "s3" in _protocols(fs)
         self._lock = _lock_of(f"{root}|{workspace_id}")
 
     def ref(self, path: str) -> FileRef:
@@ -367,8 +373,9 @@ class Workspace:
                 finally:
                     if os.path.exists(staged):
                         os.remove(staged)
-            else:
-                self._fs.pipe_file(full, data)  # an object PUT: whole or not at all
+            else:  # an object PUT, whole or not at all; on S3 typed as the API serves it
+                typed = {"ContentType": content_type_of(clean)} if self._s3 else {}
+                self._fs.pipe_file(full, data, **typed)
         return self.stat(clean)
 
     def delete(self, path: str) -> None:
@@ -401,7 +408,9 @@ class WorkspaceStore:
     """Where workspaces live (an fsspec URL and its storage options) and their limits.
 
     ``url``: a local directory (made at the first write) or ``s3://bucket/prefix``
-    (``storage_options`` go to the filesystem, e.g. ``endpoint_url``).
+    (``storage_options`` go to the filesystem, e.g. ``endpoint_url``). Listings are never
+    cached (``use_listings_cache=False``): the API and the workers are separate processes,
+    and each must see the files the others write, replace and delete at once.
     """
 
     def __init__(
@@ -411,7 +420,8 @@ class WorkspaceStore:
         *,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        options = {"use_listings_cache": False, **(storage_options or {})}
+        fs, root = fsspec.core.url_to_fs(url, **options)
         self.url = url
         self.limits = limits
         self._fs: fsspec.AbstractFileSystem = fs
