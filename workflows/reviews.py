@@ -149,12 +149,15 @@ class Reviews:
         self._set_status("awaiting_input")
         self._show()  # a second review while one waits changes no status
         # The timer runs the whole timeout from here, a little past the deadline (by how
-        # long `authorize` took): the Signal handler refuses whatever is received after
-        # the deadline, so the timer only bounds the wait.
+        # long `authorize` took), and the delivery grace on top: the Signal handler refuses
+        # whatever is received after the deadline, so the timer only bounds the wait, and a
+        # decision received in time whose Signal lands after the deadline still counts.
+        # One timer as before, only longer: no other command, so no patch gate.
+        wait_s = timeout + self._inp.config.review_delivery_grace_s
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(
                 lambda: review_id in self._decisions or self.withdrawing,
-                timeout=timedelta(seconds=timeout),
+                timeout=timedelta(seconds=wait_s),
                 timeout_summary=f"review {operation}" + (f" → {target}" if target else ""),
             )
         decision, outcome = self._close(review_id)
