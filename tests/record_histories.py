@@ -3,9 +3,9 @@ each workflow type, on the code of one release (docs/development.md, Workflow ch
 
 ``.venv/bin/python -m tests.record_histories TAG [SCENARIO ...]`` from the repo root, TAG
 the release (``1.0.0``); scenarios: base, unloadable, xagent, xagent-reads, delegation,
-idle, external, step, step-ends, step-edited, inquiry, webhook, workspace, exhibit (default
-all). Existing files are kept, so the histories of older releases stay in the suite while
-their gates live.
+idle, external, step, step-ends, step-edited, inquiry, webhook, workspace, exhibit,
+failed-reply (default all). Existing files are kept, so the histories of older releases
+stay in the suite while their gates live.
 """
 
 from __future__ import annotations
@@ -595,6 +595,29 @@ async def exhibit_scenario(client: Client, engine: Engine, worker: Worker) -> No
     await save(client, done.session_id, "exhibit-delegated")
 
 
+async def failed_reply_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """A reply whose ordinary tool call fails for good while its invoke's review is pending:
+    the review's wait is cancelled, the failure recorded (the failed-reply gate's marker)."""
+    from tests.helpers import wait_for
+    from tests.test_xagent_local import INVOKE, FailToolOnceReviewed
+    from tests.xagent_helpers import reviews_of
+
+    publish(engine, "target", playbook=[{"reply": "target says hi"}])
+    calls = [{"tool": "invoke_agent", "args": INVOKE}, {"tool": "clock", "args": {}}]
+    publish(engine, "caller", playbook=[{"when": "go", "reply": "Both.", "tool_calls": calls}])
+    failing = build_worker(
+        client,
+        engine=engine,
+        task_queue=f"rec-{uuid.uuid4()}",
+        interceptors=[FailToolOnceReviewed(engine)],
+    )
+    async with failing:
+        run = await launch(client, engine, failing, "caller", "go", sync=False)
+        await wait_for(lambda: any(r.status == "cancelled" for r in reviews_of(engine)))
+        await wait_for(lambda: _status(engine, run.session_id) == "idle")
+    await save(client, run.session_id, "failed-reply")
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return session_store.get_session(s, session_id=session_id).status
@@ -615,6 +638,7 @@ SCENARIOS = {
     "webhook": webhook_scenario,
     "workspace": workspace_scenario,
     "exhibit": exhibit_scenario,
+    "failed-reply": failed_reply_scenario,
 }
 
 
