@@ -897,8 +897,9 @@ class SessionActivities:
             session_store.set_status(s, session_id=inp.session_id, status=inp.final_status)
             # The failed call will never be metered: its token reservation is freed.
             run_tree.release_tokens(s, session_id=inp.session_id)
-            if inp.final_status in CLOSED_STATUSES:
-                _cancel_reviews(s, inp.session_id, inp.final_status)
+            # A session that closed, or a turn that failed with a review open (one call of a
+            # reply failed for good while another waited): no review is left pending.
+            _cancel_reviews(s, inp.session_id, inp.final_status)
             # A turn that failed for good is news whether the session stays idle (the next
             # message may succeed) or closes failed (its agent cannot load).
             webhook_events.session_failed(
@@ -939,8 +940,10 @@ def _claimed_args(s: Session, inp: ToolInput) -> dict[str, Any]:
 
 
 def _cancel_reviews(s: Session, session_id: str, status: str) -> None:
-    """A session that closed (``status``: cancelled | failed) leaves no review pending:
-    each becomes cancelled and audited (:func:`baton.permissions.reviews.cancel_pending`)."""
-    for row in reviews.cancel_pending(s, session_id=session_id, by=status):
+    """A session that closed (``status``: cancelled | failed) or whose turn failed (the
+    session ``idle`` after it: decided by ``turn failed``) leaves no review pending: each
+    becomes cancelled and audited (:func:`baton.permissions.reviews.cancel_pending`)."""
+    by = "turn failed" if status not in CLOSED_STATUSES else status
+    for row in reviews.cancel_pending(s, session_id=session_id, by=by):
         # The session's own stream has ended; a run root still open hears of it.
         run_tree.forward(s, session_id, "review_resolved", reviews.resolved_event(row))

@@ -143,6 +143,16 @@ class Settings(BaseSettings):
         "(Gamut X-Agent Policies, 'Review timeout'); read at launch: a running session keeps "
         "its value.",
     )
+    review_delivery_grace: float = Field(
+        default=_session_default("review_delivery_grace_s"),
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds a review's wait stays open past its deadline for a decision the "
+        "API received by the deadline whose Signal is delivered late (Temporal or the worker "
+        "slow): it still counts; one received past the deadline never does. A review nobody "
+        "decides settles timed_out this much later. Read at launch.",
+    )
     max_queued_messages: int = Field(
         default=_session_default("max_queued_messages"),
         ge=0,
@@ -637,6 +647,7 @@ class Settings(BaseSettings):
         return SessionConfig(
             default_model=self.model,
             review_timeout_s=self.review_timeout,
+            review_delivery_grace_s=self.review_delivery_grace,
             idle_timeout_s=self.session_idle_timeout,
             max_queued_messages=self.max_queued_messages,
             max_delegation_depth=self.max_delegation_depth,

@@ -94,6 +94,18 @@ class PgCluster:
             capture_output=True,
         )
 
+    def start(self) -> None:
+        """``pg_ctl start`` again after :meth:`stop`, on the same port and socket directory."""
+        port = self.url.rsplit(":", 1)[1].split("/", 1)[0]
+        root = self.data.parent
+        opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        pg_ctl = [str(_pg_bin() / "pg_ctl"), "-D", str(self.data), "-o", opts]
+        subprocess.run(
+            _as_postgres([*pg_ctl, "-l", str(root / "log"), "-w", "start"]),
+            check=True,
+            capture_output=True,
+        )
+
 
 @contextlib.contextmanager
 def pg_cluster() -> Iterator[PgCluster]:

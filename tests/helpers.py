@@ -23,8 +23,12 @@ from baton.runs import session_store
 from baton.runs.launch import Launched, launch_session
 from baton.storage.db import session_scope
 
-#: Short timeouts so a killed worker's activity is retried quickly in tests.
-TEST_CONFIG = SessionConfig(heartbeat_timeout_s=3.0, model_turn_timeout_s=60.0)
+#: Short timeouts so a killed worker's activity is retried quickly in tests; no review
+#: delivery grace, so a review left undecided times out at its timeout (tests that wait
+#: one out wait no more).
+TEST_CONFIG = SessionConfig(
+    heartbeat_timeout_s=3.0, model_turn_timeout_s=60.0, review_delivery_grace_s=0.0
+)
 
 #: For tests that kill no worker and count what ran: a heartbeat timeout no load can
 #: miss. A loaded machine can delay a heartbeat past 3 s; Temporal then retries the

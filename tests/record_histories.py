@@ -5,7 +5,7 @@ each workflow type, on the code of one release (docs/development.md, Workflow ch
 the release (``1.0.0``; on unreleased code the next one, docs/development.md); scenarios:
 base, unloadable, xagent, xagent-reads, delegation, idle, external, step, step-ends,
 step-edited, inquiry, webhook, workspace, workspace-1.0.0 (the workspace gate's old
-branch, named 1.0.0 whatever TAG), exhibit (default all).
+branch, named 1.0.0 whatever TAG), exhibit, failed-reply (default all).
 Existing files are kept, so the histories of older releases stay in the suite while their
 gates live.
 """
@@ -638,6 +638,29 @@ async def exhibit_scenario(client: Client, engine: Engine, worker: Worker) -> No
     await save(client, done.session_id, "exhibit-delegated")
 
 
+async def failed_reply_scenario(client: Client, engine: Engine, worker: Worker) -> None:
+    """A reply whose ordinary tool call fails for good while its invoke's review is pending:
+    the review's wait is cancelled, the failure recorded (the failed-reply gate's marker)."""
+    from tests.helpers import wait_for
+    from tests.test_xagent_local import INVOKE, FailToolOnceReviewed
+    from tests.xagent_helpers import reviews_of
+
+    publish(engine, "target", playbook=[{"reply": "target says hi"}])
+    calls = [{"tool": "invoke_agent", "args": INVOKE}, {"tool": "clock", "args": {}}]
+    publish(engine, "caller", playbook=[{"when": "go", "reply": "Both.", "tool_calls": calls}])
+    failing = build_worker(
+        client,
+        engine=engine,
+        task_queue=f"rec-{uuid.uuid4()}",
+        interceptors=[FailToolOnceReviewed(engine)],
+    )
+    async with failing:
+        run = await launch(client, engine, failing, "caller", "go", sync=False)
+        await wait_for(lambda: any(r.status == "cancelled" for r in reviews_of(engine)))
+        await wait_for(lambda: _status(engine, run.session_id) == "idle")
+    await save(client, run.session_id, "failed-reply")
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return session_store.get_session(s, session_id=session_id).status
@@ -659,6 +682,7 @@ SCENARIOS = {
     "workspace": workspace_scenario,
     "workspace-1.0.0": workspace_before_scenario,
     "exhibit": exhibit_scenario,
+    "failed-reply": failed_reply_scenario,
 }
 
 

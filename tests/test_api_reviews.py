@@ -422,7 +422,7 @@ def test_audit_log_outcomes_filters_and_pages(
     # so no decision races a timer however slow the machine is.
     with (
         running_stack(temporal_env, db_file) as st,
-        running_stack(temporal_env, db_file, review_timeout=4.0) as quick,
+        running_stack(temporal_env, db_file, review_timeout=4.0, review_delivery_grace=0) as quick,
     ):
         http = st.http
         target(http)

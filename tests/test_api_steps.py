@@ -9,9 +9,11 @@ tests/test_steps.py; these tests drive the same engine through the API.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -21,6 +23,8 @@ import httpx
 import jsonschema
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
@@ -629,3 +633,42 @@ def test_a_retry_never_spends_past_the_ceiling(http: httpx.Client) -> None:
     assert "balance_exhausted" in wait_step(http, again, "failed")["error"]
     assert usage(http, agent="spender") == [spent]
     assert http.get("/v1/balance").json()["balance"] == pytest.approx(-5.0)
+
+
+def _signals(temporal_env: WorkflowEnvironment, workflow_id: str) -> list[str]:
+    """The names of the Signals in a workflow's history, in order."""
+
+    async def run() -> list[str]:
+        target_host = temporal_env.client.service_client.config.target_host
+        client = await Client.connect(target_host)
+        handle = client.get_workflow_handle(workflow_id)
+        return [
+            e.workflow_execution_signaled_event_attributes.signal_name
+            async for e in handle.fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        ]
+
+    return asyncio.run(run())
+
+
+def test_a_handoff_with_an_idempotency_key_replays_its_first_answer(
+    http: httpx.Client, temporal_env: WorkflowEnvironment
+) -> None:
+    """A handoff POST repeated with its Idempotency-Key answers the first answer again
+    (``Idempotent-Replayed: true``) and the step is signalled once; without the key the
+    repeat is 409 ``step_not_awaiting_handoff``."""
+    agent(http, "keyed", [{"reply": V1}])
+    sid = start(http, "keyed", output_schema=SUMMARY, retry=FAST, handoff=True)
+    wait_step(http, sid, "awaiting_handoff", attempts=1)
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    url = f"/v1/steps/{sid}/handoff"
+    first = http.post(url, json={"decision": "approve"}, headers=key)
+    assert first.status_code == 202, first.text
+    assert "idempotent-replayed" not in first.headers
+    wait_step(http, sid, "completed")
+    again = http.post(url, json={"decision": "approve"}, headers=key)
+    assert again.status_code == 202, again.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json()
+    assert _signals(temporal_env, sid) == ["handoff"]
+    assert_problem(http.post(url, json={"decision": "approve"}), 409, "step_not_awaiting_handoff")

@@ -89,6 +89,7 @@ def stack(
         temporal_address=temporal_env.client.service_client.config.target_host,
         task_queue=f"tq-{uuid.uuid4()}",
         review_timeout=REVIEW_TIMEOUT,
+        review_delivery_grace=0,
         default_ambassador="briefer",
     )
     services = ServicesThread(settings, api_port=free_port())

@@ -35,7 +35,9 @@ from tests.test_auth import add_user
 @pytest.fixture
 def stack(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
     """API + worker with a 4 s review timeout (the timeout test waits it out)."""
-    with running_stack(temporal_env, tmp_path / "mcp.db", review_timeout=4) as s:
+    with running_stack(
+        temporal_env, tmp_path / "mcp.db", review_timeout=4, review_delivery_grace=0
+    ) as s:
         yield s
 
 

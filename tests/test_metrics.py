@@ -112,7 +112,12 @@ def test_every_review_outcome_its_opening_time_to_decision_and_the_balance_are_e
     with (
         running_stack(temporal_env, db_file, metrics_bind=bind, prices=prices) as st,
         running_stack(
-            temporal_env, db_file, metrics_bind=quick_bind, prices=prices, review_timeout=4.0
+            temporal_env,
+            db_file,
+            metrics_bind=quick_bind,
+            prices=prices,
+            review_timeout=4.0,
+            review_delivery_grace=0,
         ) as quick,
     ):
         http = st.http

@@ -137,3 +137,26 @@ def test_the_workspace_tools_gate_replays_both_ways() -> None:
     assert "MARKER_RECORDED" in after.read_text()
     assert ("workspace_tool", "write_file · turn 1") in scheduled(after)
     assert WORKSPACE_TOOLS_PATCH == "workspace-tools"
+
+
+def test_the_failed_reply_gate_has_a_history_with_its_marker() -> None:
+    """The failed-reply-ends-its-calls gate: a run recorded after it holds its marker, the
+    review timer cancelled and the failure recorded; the 1.0.0 histories hold no marker."""
+    from workflows.dispatch import FAILED_REPLY_PATCH
+
+    def patches(path: Path) -> list[bytes]:
+        history = WorkflowHistory.from_json(path.stem, path.read_text())
+        return [
+            payload.data
+            for e in history.events
+            if e.marker_recorded_event_attributes.marker_name == "core_patch"
+            for payload in e.marker_recorded_event_attributes.details["patch-data"].payloads
+        ]
+
+    after = HERE / "failed-reply-1.1.0-run1.json"
+    assert FAILED_REPLY_PATCH == "failed-reply-ends-its-calls"
+    assert [FAILED_REPLY_PATCH.encode() in data for data in patches(after)] == [True]
+    assert "TIMER_CANCELED" in after.read_text() and "record_failure" in after.read_text()
+    older = [p for p in HISTORIES if "1.0.0-" in p.name]
+    assert older
+    assert not [p for p in older if any(FAILED_REPLY_PATCH.encode() in d for d in patches(p))]

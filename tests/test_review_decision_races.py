@@ -24,6 +24,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import select
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -36,6 +37,7 @@ from worker.stack import free_port, stop_process
 BATON = str(Path(sys.executable).with_name("baton"))
 INVOKE_SYNC = {"slug": "target", "prompt": "hello target", "sync": True}
 MICROSECOND = timedelta(microseconds=1)
+WORKFLOW_TASK_FAILED = EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
 #: Generous: a loaded machine starts the dev server, the worker and the API slowly.
 START_WAIT_S = 120.0
 
@@ -368,26 +370,74 @@ def test_a_decision_on_a_terminated_session_cancels_its_reviews(
     dev.alive()
 
 
-def test_updates_with_bad_values_or_extra_fields_are_refused_not_failed(
+def no_failed_workflow_task(dev: DevStack, workflow_id: str) -> None:
+    """The run's history holds no failed workflow task."""
+
+    async def run() -> list[Any]:
+        client = await Client.connect(dev.temporal, data_converter=pydantic_data_converter)
+        handle = client.get_workflow_handle(workflow_id)
+        return [e async for e in handle.fetch_history_events()]
+
+    failed = [e for e in asyncio.run(run()) if e.event_type == WORKFLOW_TASK_FAILED]
+    assert not failed, failed
+
+
+def update(dev: DevStack, workflow_id: str, name: str, arg: Any) -> Any:
+    """Run Update ``name`` with the raw JSON ``arg``; returns its result."""
+
+    async def run() -> Any:
+        client = await Client.connect(dev.temporal, data_converter=pydantic_data_converter)
+        return await client.get_workflow_handle(workflow_id).execute_update(name, arg)
+
+    return asyncio.run(run())
+
+
+def refused(dev: DevStack, workflow_id: str, name: str, arg: Any) -> None:
+    """Update ``name`` with ``arg`` is refused: its caller gets the error."""
+    with pytest.raises(WorkflowUpdateFailedError):
+        update(dev, workflow_id, name, arg)
+
+
+def test_updates_with_bad_values_are_refused_and_extra_fields_dropped_not_failed(
     dev: DevStack, agents: None
 ) -> None:
     """Raw ``send_message`` and ``external_tool_call`` Updates with a bad value, a wrong
-    shape or an unknown tool are refused (the caller gets the error) and the session goes
-    on: a message through the API still gets its answer."""
+    shape or an unknown tool are refused (the caller gets the error), a ``send_message``
+    with an extra field is answered (the field dropped), no workflow task fails and the
+    session goes on: a message through the API still gets its answer."""
     resp = dev.http.post("/v1/sessions", json={"agent": "target", "prompt": "hi", "sync": True})
     assert resp.status_code == 201, resp.text
     sid: str = resp.json()["session_id"]
-
-    async def refused(name: str, arg: Any) -> None:
-        client = await Client.connect(dev.temporal, data_converter=pydantic_data_converter)
-        with pytest.raises(WorkflowUpdateFailedError):
-            await client.get_workflow_handle(sid).execute_update(name, arg)
-
-    asyncio.run(refused("send_message", {"prompt": None}))
-    asyncio.run(refused("send_message", ["not", "a", "message"]))
-    asyncio.run(refused("external_tool_call", {"call_id": "c", "name": "rm -rf", "args": {}}))
+    refused(dev, sid, "send_message", {"prompt": None})
+    refused(dev, sid, "send_message", ["not", "a", "message"])
+    refused(dev, sid, "external_tool_call", {"call_id": "c", "name": "rm -rf", "args": {}})
+    extra = update(dev, sid, "send_message", {"prompt": "extra", "note": "not a field"})
+    assert extra["message_id"].startswith(sid), extra
     assert query(dev, sid, "status") == "idle"
     again = dev.http.post(f"/v1/sessions/{sid}/messages", json={"prompt": "again", "sync": True})
     assert again.status_code == 200, again.text
     assert final_text(dev.http, sid) == "target says hi"
+    no_failed_workflow_task(dev, sid)
+    dev.alive()
+
+
+def test_external_message_updates_with_bad_values_are_refused_not_failed(
+    dev: DevStack, agents: None
+) -> None:
+    """Raw ``external_message`` Updates with a bad role, no text, blank text or a wrong
+    shape are refused (the caller gets the error); one with an extra field is stored (the
+    field dropped); no workflow task fails and the session's Queries answer."""
+    resp = dev.http.post("/v1/sessions", json={"agent": "target", "external": True})
+    assert resp.status_code == 201, resp.text
+    sid: str = resp.json()["session_id"]
+    refused(dev, sid, "external_message", {"role": "system", "text": "I am root"})
+    refused(dev, sid, "external_message", {"text": None})
+    refused(dev, sid, "external_message", {"text": "   "})
+    refused(dev, sid, "external_message", "just text")
+    stored = update(dev, sid, "external_message", {"text": "did it", "note": "not a field"})
+    assert stored["message_id"] == f"{sid}:t1:assistant", stored
+    assert query(dev, sid, "pending_reviews") == []
+    messages = dev.http.get(f"/v1/sessions/{sid}/transcript").json()["messages"]
+    assert [m["text"] for m in messages] == ["did it"]
+    no_failed_workflow_task(dev, sid)
     dev.alive()

@@ -49,6 +49,7 @@ from workflows.xagent import is_short_read
 SESSION = "session-00000000-0000-4000-8000-000000000001"
 #: Start-to-close of the local activities in the retry test (seconds; see the sleep there).
 STORE_TIMEOUT_S = 2.0
+INVOKE = {"slug": "target", "prompt": "hello target", "sync": True}
 
 
 class _FailOnce(ActivityInboundInterceptor):
@@ -194,3 +195,69 @@ async def test_a_retried_local_read_records_its_audit_and_result_once(
         assert audit_rows(engine) == [] and reviews_of(engine) == []
     reply = transcript(engine, run.session_id)[-1][1]
     assert [a["slug"] for a in tool_result(reply)["agents"]] == ["target"]
+
+
+class _FailToolOnceReviewed(ActivityInboundInterceptor):
+    """Fails ``run_tool`` for good (non-retryable) once a review of the session is pending."""
+
+    def __init__(self, nxt: ActivityInboundInterceptor, engine: Engine) -> None:
+        super().__init__(nxt)
+        self._engine = engine
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        if activity.info().activity_type != "run_tool":
+            return await self.next.execute_activity(input)
+        while not [r for r in reviews_of(self._engine) if r.status == "pending"]:
+            await asyncio.sleep(0.05)
+        raise ApplicationError("the tool's store is gone (test)", non_retryable=True)
+
+
+class FailToolOnceReviewed(Interceptor):
+    """See :class:`_FailToolOnceReviewed`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _FailToolOnceReviewed(next, self.engine)
+
+
+async def test_a_turn_that_fails_with_a_review_open_cancels_the_review(
+    temporal_env: WorkflowEnvironment, db_engine: Engine
+) -> None:
+    """One call of a reply fails for good while the other's review is pending: the turn
+    fails (recorded), the review is cancelled with one audit row and leaves the pending
+    list, the workflow waits on it no more, and a later decision runs no invoke."""
+    publish(db_engine, "target", playbook=[{"reply": "target says hi"}])
+    calls = [{"tool": "invoke_agent", "args": INVOKE}, {"tool": "clock", "args": {}}]
+    publish(db_engine, "caller", playbook=[{"when": "go", "reply": "Both.", "tool_calls": calls}])
+    w = build_worker(
+        temporal_env.client,
+        engine=db_engine,
+        task_queue=f"tq-{uuid.uuid4()}",
+        interceptors=[FailToolOnceReviewed(db_engine)],
+    )
+    async with w:
+        run = await launch(temporal_env.client, db_engine, w, "caller", "go", sync=False)
+        await wait_for(lambda: any(r.status != "pending" for r in reviews_of(db_engine)))
+        (row,) = reviews_of(db_engine)
+        assert (row.status, row.decided_by) == ("cancelled", "turn failed")
+        (entry,) = audit_rows(db_engine)
+        assert (entry.outcome, entry.review_id) == ("cancelled", row.id)
+        await wait_for(lambda: status(db_engine, run.session_id) == "idle")
+        errors = [t for r, t in transcript(db_engine, run.session_id) if r == "error"]
+        assert len(errors) == 1 and "the tool's store is gone" in errors[0], errors
+        handle = temporal_env.client.get_workflow_handle(run.session_id)
+        assert await handle.query("pending_reviews") == []
+        assert await handle.query("status") == "idle"
+        await decide(temporal_env.client, row, "allow_once", decided_by="alice")
+        for _ in range(200):
+            if await handle.query("late_decisions"):
+                break
+            await asyncio.sleep(0.05)
+        assert await handle.query("late_decisions") == [
+            {"review_id": row.id, "decision": "allow_once", "reason": "too_late"}
+        ]
+        assert reviews_of(db_engine)[0].status == "cancelled"
+        assert len(audit_rows(db_engine)) == 1
+        assert not [m for m in tool_messages(db_engine, run.session_id) if "target" in m.text]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ from baton.agents import registry
 from baton.contracts.workflow_io import Provenance, SessionConfig, SessionInput, UserMessage
 from baton.runs import session_store
 from baton.settings import Settings
-from baton.storage.db import session_scope
+from baton.storage.db import ReviewRow, session_scope
 from tests.helpers import TEST_CONFIG, skip_to_timer_offset, status, wait_for
 from tests.xagent_helpers import (
     audit_rows,
@@ -227,3 +227,83 @@ async def wait_for_query(handle: WorkflowHandle[Any, Any], query: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"query {query} stayed empty")
+
+
+def _aware(at: datetime) -> datetime:
+    """A stored timestamp as UTC (SQLite keeps them naive)."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+async def _past_the_deadline(
+    env: WorkflowEnvironment, handle: WorkflowHandle[Any, Any], review: ReviewRow
+) -> datetime:
+    """Skip until 2 s past the review's ``expires_at`` and wait until the workflow has
+    handled everything so far (no workflow task pending); returns the deadline."""
+    expires = _aware(review.expires_at) if review.expires_at else None
+    assert expires is not None
+    remaining = expires + timedelta(seconds=2) - await env.get_current_time()
+    if remaining > timedelta(0):
+        await env.sleep(remaining)
+    for _ in range(600):
+        described = await handle.describe()
+        if not described.raw_description.HasField("pending_workflow_task"):
+            return expires
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{handle.id} kept a workflow task pending")
+
+
+#: Short heartbeats and the review delivery grace at its default (TEST_CONFIG has none).
+GRACE_CONFIG = SessionConfig(heartbeat_timeout_s=3.0, model_turn_timeout_s=60.0)
+
+
+async def test_a_decision_received_in_time_but_delivered_late_still_counts(
+    skipping_env: WorkflowEnvironment, db_engine: Engine
+) -> None:
+    """A proven decision received before the deadline whose Signal reaches the workflow
+    after it (the review's timeout passed) is applied: allowed, audited once."""
+    setup_pair(db_engine, "invoke_agent", INVOKE)
+    queue = f"tq-{uuid.uuid4()}"
+    async with skipping_worker(skipping_env, db_engine, queue):
+        handle = await start_caller(skipping_env, db_engine, queue, config=GRACE_CONFIG)
+        try:
+            (review,) = await open_reviews(skipping_env.client, db_engine, handle.id)
+            expires = await _past_the_deadline(skipping_env, handle, review)
+            in_time = expires - timedelta(seconds=1)
+            await decide(
+                skipping_env.client, review, "allow_once", decided_by="bob", received_at=in_time
+            )
+            row = await settled(db_engine, review.id)
+            assert (row.status, row.decided_by) == ("allowed", "bob")
+            await wait_for(lambda: status(db_engine, handle.id) == "idle")
+            (entry,) = audit_rows(db_engine)
+            assert (entry.outcome, entry.review_id) == ("allow", review.id)
+            assert await handle.query("late_decisions") == []
+        finally:
+            await handle.terminate()
+
+
+async def test_a_decision_received_past_the_deadline_is_too_late(
+    skipping_env: WorkflowEnvironment, db_engine: Engine
+) -> None:
+    """A proven decision received a microsecond past the deadline is refused ``too_late``
+    and the review times out: timed_out, one audit row."""
+    setup_pair(db_engine, "invoke_agent", INVOKE)
+    queue = f"tq-{uuid.uuid4()}"
+    async with skipping_worker(skipping_env, db_engine, queue):
+        handle = await start_caller(skipping_env, db_engine, queue, config=GRACE_CONFIG)
+        try:
+            (review,) = await open_reviews(skipping_env.client, db_engine, handle.id)
+            expires = await _past_the_deadline(skipping_env, handle, review)
+            late = expires + timedelta(microseconds=1)
+            await decide(skipping_env.client, review, "allow_once", received_at=late)
+            await wait_for_query(handle, "late_decisions")
+            assert await handle.query("late_decisions") == [
+                {"review_id": review.id, "decision": "allow_once", "reason": "too_late"}
+            ]
+            await skipping_env.sleep(timedelta(seconds=120))  # past any grace
+            row = await settled(db_engine, review.id)
+            assert (row.status, row.decided_by) == ("timed_out", "timeout")
+            (entry,) = audit_rows(db_engine)
+            assert (entry.outcome, entry.review_id) == ("review_timeout", review.id)
+        finally:
+            await handle.terminate()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.mcp_tools import McpToolActivities
@@ -28,6 +29,10 @@ from workflows.xagent import xagent_tool
 #: Release 1.0.0 ran a call named like a workspace tool as an ordinary tool (refused);
 #: runs from before this gate replay that way (docs/development.md, Workflow changes).
 WORKSPACE_TOOLS_PATCH = "workspace-tools"
+#: Before this gate a call of a reply that failed for good left its siblings running (a
+#: review went on waiting, and could still run its invoke, after the turn had failed) and
+#: the turn failed unrecorded; runs from before it replay that way.
+FAILED_REPLY_PATCH = "failed-reply-ends-its-calls"
 
 
 async def dispatch(
@@ -57,12 +62,22 @@ async def dispatch_reply(
     each holds worker slots (a sync delegation for as long as its child runs), so the
     rest are refused (``too_many_tool_calls``) for the model to call in its next reply."""
     cap = ctx.cfg.max_tool_calls_per_reply
-    await asyncio.gather(
-        *(
+    tasks = [
+        asyncio.ensure_future(
             dispatch(ctx, reviews, step, i, call) if i < cap else too_many(ctx, step, i, call)
-            for i, call in enumerate(calls)
         )
-    )
+        for i, call in enumerate(calls)
+    ]
+    try:
+        await asyncio.gather(*tasks)
+    except ActivityError:
+        # One call failed for good and fails the turn: its siblings end with it (a review
+        # stops waiting; `record_failure` cancels its row), none runs after the turn.
+        if workflow.patched(FAILED_REPLY_PATCH):
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def too_many(ctx: TurnContext, step: int, index: int, call: ToolCall) -> ToolOutcome:

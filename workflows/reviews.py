@@ -5,6 +5,7 @@ and its single outcome, and the bounded memory carried across runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -149,14 +150,23 @@ class Reviews:
         self._set_status("awaiting_input")
         self._show()  # a second review while one waits changes no status
         # The timer runs the whole timeout from here, a little past the deadline (by how
-        # long `authorize` took): the Signal handler refuses whatever is received after
-        # the deadline, so the timer only bounds the wait.
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: review_id in self._decisions or self.withdrawing,
-                timeout=timedelta(seconds=timeout),
-                timeout_summary=f"review {operation}" + (f" → {target}" if target else ""),
-            )
+        # long `authorize` took), and the delivery grace on top: the Signal handler refuses
+        # whatever is received after the deadline, so the timer only bounds the wait, and a
+        # decision received in time whose Signal lands after the deadline still counts.
+        # One timer as before, only longer: no other command, so no patch gate.
+        wait_s = timeout + self._inp.config.review_delivery_grace_s
+        try:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: review_id in self._decisions or self.withdrawing,
+                    timeout=timedelta(seconds=wait_s),
+                    timeout_summary=f"review {operation}" + (f" → {target}" if target else ""),
+                )
+        except asyncio.CancelledError:
+            # The session was cancelled or the turn failed: whoever ended it cancels the
+            # row (audited); here it is no longer waited on, and a decision is too late.
+            self._forget(review_id)
+            raise
         decision, outcome = self._close(review_id)
         settle = SettleInput(
             tool=tool,
@@ -207,6 +217,16 @@ class Reviews:
             self._set_status("running")
         self._show()
         return decision, outcome
+
+    def _forget(self, review_id: str) -> None:
+        """A review whose wait was cancelled: no longer open, settled for the Signal
+        handler (a decision for it is ``too_late``)."""
+        self.open.pop(review_id, None)
+        self.expiry.pop(review_id, None)
+        self._decisions.pop(review_id, None)
+        self.settled[review_id] = None
+        while len(self.settled) > MAX_SETTLED_REVIEWS:
+            del self.settled[next(iter(self.settled))]
 
     def pending(self) -> list[dict[str, Any]]:
         """Reviews waited on: ``[{review_id, operation, target, preview}]``."""

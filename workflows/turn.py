@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
 from workflows.calls import error_cause, model_turn_input, record_failure, turn_failure
 from workflows.context import TurnContext
 from workflows.delegation import delegation_offer, may_route, route
-from workflows.dispatch import dispatch_reply
+from workflows.dispatch import FAILED_REPLY_PATCH, dispatch_reply
 from workflows.options import heartbeat_timeout, model_retry
 from workflows.reviews import Reviews
 
@@ -68,7 +68,20 @@ async def answer(ctx: TurnContext, reviews: Reviews, msg: UserMessage) -> TurnOu
                 preview_is_full=result.preview_is_full,
                 usage=usage,
             )
-        await dispatch_reply(ctx, reviews, step, result.tool_calls)
+        try:
+            await dispatch_reply(ctx, reviews, step, result.tool_calls)
+        except ActivityError as err:
+            if ctx.closed() or not workflow.patched(FAILED_REPLY_PATCH):
+                raise
+            # Recorded like a failed model call; `record_failure` cancels its open reviews.
+            await _record(
+                ctx, f"{prefix}:s{step}:tool-error", position(ctx.turn, step, 3), error_cause(err)
+            )
+            raise ApplicationError(
+                f"turn {ctx.turn} failed: {error_cause(err)}",
+                type="turn_failed",
+                non_retryable=True,
+            ) from err
     error = f"stopped after {cfg.max_steps_per_message} model calls for one message"
     await _record(ctx, f"{prefix}:limit", position(ctx.turn, 999, 3), error)
     raise ApplicationError(error, type="step_limit", non_retryable=True)

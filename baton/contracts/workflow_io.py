@@ -96,6 +96,15 @@ class SessionConfig(BaseModel):
         "how soon a lost worker's activity is retried elsewhere; they beat at half of it.",
     )
     review_timeout_s: float = 300.0
+    review_delivery_grace_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="How long past a review's deadline its wait stays open for a decision "
+        "received by the deadline but not yet delivered (the API's Signal retried while "
+        "Temporal or the worker is slow): such a decision still counts, one received later "
+        "never does (review_in_time). The Temporal client's retries of a Signal give up "
+        "after about 10 s, when the API answers 503 instead.",
+    )
     max_delegation_depth: int = 3
     delegation_timeout_s: float = Field(
         default=900.0, description="How long one delegation (invoke_agent) may take."
