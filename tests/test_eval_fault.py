@@ -120,7 +120,7 @@ def test_a_killed_worker_mid_eval_resumes_without_rerunning_finished_replays(
                 "the eval to end",
             )
             assert (result["status"], result["done"], result["total"]) == ("completed", 4, 4)
-            assert result["changed"] == 0
+            assert result["changed"] == 0, result["report"]
             with session_scope(engine) as s:
                 replays = replay.eval_sessions(s, eval_id=eval_id)
             assert len(replays) == 8
