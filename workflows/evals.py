@@ -3,7 +3,9 @@ Replay against a candidate).
 
 Each recorded session is replayed twice, on the candidate and on the baseline (the
 faithful baseline: the unchanged agent run again, so that noise shows), each replay a
-``replay`` activity that drives a session of its own; at most ``concurrency`` replays run at
+``replay`` activity that drives a session of its own; each recorded workflow-agent step
+(``recorded_steps``) likewise, a ``replay_step`` activity running its input as a step of
+its own (no handoff); at most ``concurrency`` replays run at
 once. When both replays of a session are done their comparison is written into the eval's
 report (``record_replays``) before that session counts as done, so a worker lost mid-eval
 costs only the replays in flight: Temporal's history holds the finished ones, and a
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -52,11 +55,12 @@ class EvalWorkflow:
         writing = asyncio.Lock()  # one writer of the report at a time (read, then write)
 
         async def replay(
-            recorded: str, side: str, ref: str, agent: ResolvedAgent | None
+            recorded: str, side: str, ref: str, agent: ResolvedAgent | None, kind: str
         ) -> ReplayOutcome:
+            method = EvalActivities.replay_step if kind == "step" else EvalActivities.replay
             async with slots:
                 outcome: ReplayOutcome = await workflow.execute_activity_method(
-                    EvalActivities.replay,
+                    method,
                     ReplayInput(
                         eval_id=inp.eval_id,
                         recorded=recorded,
@@ -75,10 +79,10 @@ class EvalWorkflow:
                 )
                 return outcome
 
-        async def session(recorded: str) -> None:
+        async def session(recorded: str, kind: Literal["session", "step"] = "session") -> None:
             baseline, candidate = await asyncio.gather(
-                replay(recorded, "baseline", inp.baseline, inp.baseline_agent),
-                replay(recorded, "candidate", inp.candidate, inp.candidate_agent),
+                replay(recorded, "baseline", inp.baseline, inp.baseline_agent, kind),
+                replay(recorded, "candidate", inp.candidate, inp.candidate_agent, kind),
             )
             async with writing:
                 await workflow.execute_activity_method(
@@ -88,6 +92,7 @@ class EvalWorkflow:
                         recorded=recorded,
                         baseline=baseline,
                         candidate=candidate,
+                        kind=kind,
                     ),
                     start_to_close_timeout=store_timeout(inp.config),
                     retry_policy=STORE_RETRY,
@@ -95,7 +100,13 @@ class EvalWorkflow:
                 )
 
         try:
-            await asyncio.gather(*(session(r) for r in inp.recorded))
+            # 👉 Step replays are commands only an eval that recorded steps issues: an
+            # eval started before them has none (`recorded_steps` defaults to empty), so
+            # its history replays unchanged and no patch gate is needed.
+            await asyncio.gather(
+                *(session(r) for r in inp.recorded),
+                *(session(r, "step") for r in inp.recorded_steps),
+            )
         except asyncio.CancelledError:
             await workflow.execute_activity_method(
                 EvalActivities.cancel_replays,

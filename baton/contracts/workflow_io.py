@@ -474,6 +474,11 @@ class EvalInput(BaseModel):
 
     eval_id: str
     recorded: list[str]
+    recorded_steps: list[str] = Field(
+        default_factory=list,
+        description="Recorded workflow-agent steps replayed too (their input, as a step "
+        "with no handoff), after the sessions in the report.",
+    )
     candidate: str
     baseline: str
     candidate_agent: ResolvedAgent | None = None
