@@ -15,7 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
+from typing import Any
 
+from pydantic_ai.exceptions import UserError
+from pydantic_ai.messages import ModelRequest, SystemPromptPart, UserPromptPart
+from pydantic_ai.models import ModelRequestParameters
 from sqlalchemy.engine import Engine
 from sqlmodel import select
 from temporalio import activity
@@ -24,12 +29,20 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.outcomes import heartbeating
-from baton.contracts.activity_io import EvalEnd, ReplayInput, ReplayOutcome, ReplayPair
-from baton.contracts.values import CLOSED_STATUSES
+from activities.turns import reply_usage
+from baton.contracts.activity_io import (
+    EvalEnd,
+    JudgeInput,
+    ReplayInput,
+    ReplayOutcome,
+    ReplayPair,
+)
+from baton.contracts.values import CLOSED_STATUSES, Usage
 from baton.contracts.workflow_io import Provenance, StepInput, StepRetry
 from baton.errors import SessionClosed, TurnFailed
-from baton.evals import compare, replay
-from baton.runs import launch, session_store
+from baton.evals import compare, judge, replay
+from baton.providers.models import build_model
+from baton.runs import launch, metering, session_store
 from baton.storage.db import EvalRow, MessageRow, SessionRow, StepRow, session_scope, utcnow
 
 #: Seconds between two looks at a replay session still answering (a retried replay waits
@@ -277,6 +290,76 @@ class EvalActivities:
                 if x["session_id"] != pair.recorded
             ]
             sessions = sorted([*kept, item], key=lambda x: order.get(x["session_id"], len(order)))
+            _write(row, sessions)
+            s.add(row)
+
+    def _judged_item(self, inp: JudgeInput) -> dict[str, Any] | None:
+        """The report item of ``inp.recorded`` when it changed and has no verdict yet, once
+        the balance admits the judge's call (:func:`baton.runs.metering.admit_call`)."""
+        with session_scope(self._engine) as s:
+            row = s.get(EvalRow, inp.eval_id)
+            if row is None or row.status != "running":
+                return None
+            for item in (row.report or {}).get("sessions", []):
+                if item["session_id"] == inp.recorded:
+                    if not item["changed"] or item["final"].get("judge") is not None:
+                        return None
+                    metering.admit_call(s)
+                    return dict(item)
+            return None
+
+    @activity.defn(name="judge_replays")
+    async def judge_replays(self, inp: JudgeInput) -> str | None:
+        """Ask the judge model (:mod:`baton.evals.judge`) about one changed item of the
+        report and write its ``{verdict, reason}`` into ``final.judge`` (a "worse" makes the
+        item a regression); the verdict, or None when the item did not change, was judged
+        already or the eval has ended. The call is metered to the eval (usage row of
+        session id the eval's id, once per item) and charged to the balance. A reply that
+        is no verdict fails the activity (Temporal retries it); an unbuildable model fails
+        it for good."""
+        item = await asyncio.to_thread(self._judged_item, inp)
+        if item is None:
+            return None
+        try:
+            model = build_model(inp.judge, playbook=None, agent_slug="judge")
+        except UserError as exc:
+            raise ApplicationError(str(exc), type="unknown_judge", non_retryable=True) from exc
+        request = ModelRequest(
+            parts=[SystemPromptPart(judge.INSTRUCTIONS), UserPromptPart(judge.prompt(item))]
+        )
+        started = time.monotonic()
+        async with heartbeating():
+            response = await model.request([request], None, ModelRequestParameters())
+        usage = reply_usage(response, inp.prices, inp.judge, started)
+        await asyncio.to_thread(self._meter_judge, inp, usage)
+        verdict = judge.parse(response.text or "")
+        await asyncio.to_thread(self._write_verdict, inp, verdict)
+        return verdict.verdict
+
+    def _meter_judge(self, inp: JudgeInput, usage: Usage) -> None:
+        """Meter the judge's call to the eval once (a retried one finds its row)."""
+        with session_scope(self._engine) as s:
+            metering.record(
+                s,
+                message_id=f"{inp.eval_id}:judge:{inp.recorded}",
+                agent=inp.agent_slug,
+                session_id=inp.eval_id,
+                model=inp.judge,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=usage.cost_usd,
+            )
+
+    def _write_verdict(self, inp: JudgeInput, verdict: judge.Verdict) -> None:
+        with session_scope(self._engine) as s:
+            row = s.get(EvalRow, inp.eval_id)
+            if row is None or row.status != "running":
+                return
+            sessions = [dict(x) for x in (row.report or {}).get("sessions", [])]
+            for item in sessions:
+                if item["session_id"] == inp.recorded:
+                    item["final"] = {**item["final"], "judge": verdict.model_dump()}
+                    item["regression"] = item["regression"] or verdict.verdict == "worse"
             _write(row, sessions)
             s.add(row)
 

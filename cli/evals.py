@@ -34,6 +34,7 @@ def eval_body(
     on_miss: str,
     steps: int | None = None,
     step: list[str] | None = None,
+    judge: str | None = None,
 ) -> dict[str, Any]:
     """The ``POST /v1/agents/{slug}/evals`` body of the command's options."""
     body: dict[str, Any] = {
@@ -52,6 +53,8 @@ def eval_body(
         body["steps"] = steps
     if step:
         body["step_ids"] = step
+    if judge is not None:
+        body["judge"] = judge
     return body
 
 
@@ -175,6 +178,10 @@ def eval_(
     step: Annotated[
         list[str] | None, typer.Option(help="Also replay this recorded step (repeatable).")
     ] = None,
+    judge: Annotated[
+        str | None,
+        typer.Option(help="A model (as a spec's model) that judges each changed answer."),
+    ] = None,
     tools: Annotated[
         str, typer.Option(help="recorded (answer from the recording) or live (run them).")
     ] = "recorded",
@@ -195,7 +202,9 @@ def eval_(
     workflow-agent steps) on a candidate and on the baseline and compare them
     (docs/change-safely.md, Replay against a candidate). Exit 0 once the eval completed
     (the publish gate judges it, not this command), 1 when it failed or was cancelled."""
-    body = eval_body(candidate, baseline, sessions, session, since, tools, on_miss, steps, step)
+    body = eval_body(
+        candidate, baseline, sessions, session, since, tools, on_miss, steps, step, judge
+    )
     with api_client(api_url) as http:
         started = checked(http.post(f"/v1/agents/{slug}/evals", json=body))
         console.print(

@@ -25,7 +25,13 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.evals import EvalActivities
-    from baton.contracts.activity_io import EvalEnd, ReplayInput, ReplayOutcome, ReplayPair
+    from baton.contracts.activity_io import (
+        EvalEnd,
+        JudgeInput,
+        ReplayInput,
+        ReplayOutcome,
+        ReplayPair,
+    )
     from baton.contracts.values import ResolvedAgent
     from baton.contracts.workflow_io import EvalInput
 
@@ -41,6 +47,17 @@ REPLAY_RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=20,
+)
+
+#: One judge call (a model request) and its retries: a reply that is no verdict, or a
+#: provider's failure, is asked again a few times, then the eval fails.
+JUDGE_TIMEOUT = timedelta(minutes=5)
+JUDGE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+    non_retryable_error_types=["unknown_judge"],
 )
 
 
@@ -98,6 +115,23 @@ class EvalWorkflow:
                     retry_policy=STORE_RETRY,
                     summary=f"record · {recorded}",
                 )
+                if inp.judge is not None:
+                    # 👉 Only an eval asked for a judge issues this command (`judge`
+                    # defaults to None), so earlier evals replay unchanged: no patch.
+                    await workflow.execute_activity_method(
+                        EvalActivities.judge_replays,
+                        JudgeInput(
+                            eval_id=inp.eval_id,
+                            recorded=recorded,
+                            agent_slug=inp.baseline.partition("@")[0],
+                            judge=inp.judge,
+                            prices=inp.config.prices,
+                        ),
+                        start_to_close_timeout=JUDGE_TIMEOUT,
+                        heartbeat_timeout=heartbeat_timeout(inp.config),
+                        retry_policy=JUDGE_RETRY,
+                        summary=f"judge · {recorded}",
+                    )
 
         try:
             # 👉 Step replays are commands only an eval that recorded steps issues: an

@@ -20,11 +20,12 @@ from api.routers.agents import SlugPath
 from api.routers.sessions import runnable
 from baton.agents import registry
 from baton.agents.schemas import MAX_OFFSET, Page
+from baton.agents.spec import ModelName
 from baton.contracts.evals import EVAL_ID_PATTERN, EvalReport, EvalSummary
 from baton.contracts.values import ResolvedAgent
 from baton.contracts.workflow_io import EvalInput
 from baton.errors import BatonError, EngineUnavailable, NotFound
-from baton.evals import replay, store
+from baton.evals import judge, replay, store
 from baton.runs import launch
 from baton.storage.db import EvalRow, session_scope, utcnow
 
@@ -125,6 +126,12 @@ class EvalCreate(BaseModel):
         max_length=replay.MAX_EVAL_STEPS,
         description="Also replay exactly these recorded steps.",
     )
+    judge: ModelName | None = Field(
+        default=None,
+        description="A model, named as an agent spec's `model` (`openai:gpt-4o`), asked to "
+        "compare each changed item's answers: `final.judge` `{verdict, reason}`, a "
+        "`worse` a regression. 422 `unknown_judge` when this deployment cannot build it.",
+    )
     tools: Literal["recorded", "live"] = Field(
         default="recorded",
         description="`recorded`: a tool call is answered from the recording; `live`: run.",
@@ -184,9 +191,10 @@ async def start_eval(
 
     Needs ``viewer`` on the agent and the right to run both sides (a draft: ``owner``).
     422 ``unknown_candidate``, ``no_sessions``, ``unknown_sessions``, ``unknown_steps``,
-    ``validation_error``; 404 ``agent_not_found``; 503 ``engine_unavailable`` (nothing is
-    left behind). With an ``Idempotency-Key`` the eval id is derived from it: a retry that
-    takes over a request whose API process was killed attaches to the eval it started.
+    ``unknown_judge``, ``validation_error``; 404 ``agent_not_found``; 503
+    ``engine_unavailable`` (nothing is left behind). With an ``Idempotency-Key`` the eval
+    id is derived from it: a retry that takes over a request whose API process was killed
+    attaches to the eval it started.
     """
     eval_id = f"eval-{claim.uuid() if claim else uuid.uuid4()}"
 
@@ -196,6 +204,8 @@ async def start_eval(
             registry.get_agent(s, slug=slug)
             cand_pin, cand = _side(s, caller, slug, body.candidate)
             base_pin, base = _side(s, caller, slug, body.baseline)
+            if body.judge is not None:
+                judge.check_judge(body.judge)
             visible = caller.visible(s)
             steps = replay.pick_steps(
                 s,
@@ -225,6 +235,7 @@ async def start_eval(
                 "since": body.since.isoformat() if body.since else None,
                 "session_ids": picked,
                 "steps": body.steps,
+                "judge": body.judge,
                 "step_ids": steps,
                 "candidate_pin": cand_pin,
                 "baseline_pin": base_pin,
@@ -252,6 +263,7 @@ async def start_eval(
                 recorded_steps=steps,
                 candidate=cand_pin,
                 baseline=base_pin,
+                judge=body.judge,
                 candidate_agent=cand if cand.version == 0 else None,
                 baseline_agent=base if base.version == 0 else None,
                 user=caller.user,

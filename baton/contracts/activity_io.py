@@ -443,6 +443,17 @@ class ReplayOutcome(BaseModel):
     attempts: int = Field(default=0, description="A step replay's attempts used.")
 
 
+class JudgeInput(BaseModel):
+    """``judge_replays`` activity input: ask model ``judge`` about recorded item
+    ``recorded`` of eval ``eval_id`` (of agent ``agent_slug``), priced by ``prices``."""
+
+    eval_id: str
+    recorded: str
+    agent_slug: str
+    judge: str
+    prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+
 class ReplayPair(BaseModel):
     """``record_replays`` activity input: one recorded session's (or, ``kind`` ``step``,
     one recorded step's) two replays, done."""

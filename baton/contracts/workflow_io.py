@@ -481,6 +481,11 @@ class EvalInput(BaseModel):
     )
     candidate: str
     baseline: str
+    judge: str | None = Field(
+        default=None,
+        description="A model (as an agent spec's `model`) asked to compare each changed "
+        "item's answers; None: no judge.",
+    )
     candidate_agent: ResolvedAgent | None = None
     baseline_agent: ResolvedAgent | None = None
     user: str
