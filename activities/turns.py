@@ -105,7 +105,7 @@ from baton.providers.models import SCRIPTED, build_model, model_name
 from baton.runs import exhibits, metering, run_tree, session_store
 from baton.runs.session_store import HistoryItem
 from baton.settings import DEFAULT_CONTEXT_MESSAGES, Settings
-from baton.storage.db import MessageRow, session_scope
+from baton.storage.db import MessageRow, SessionRow, session_scope
 from baton.webhooks import events as webhook_events
 from baton.workspaces.store import WorkspaceStore
 from baton.workspaces.tools import workspace_tools
@@ -511,6 +511,13 @@ class SessionActivities:
         """
         try:
             with session_scope(self._engine) as s:
+                row = s.get(SessionRow, inp.session_id)
+                if row is not None and row.agent_version == 0 and row.resolved_agent:
+                    # A draft (an eval's step replay in the sandbox) has no pin to resolve:
+                    # its snapshot was recorded on the row at launch, and runs unchanged.
+                    draft = ResolvedAgent.model_validate(row.resolved_agent)
+                    self._remember(inp.session_id, draft)
+                    return draft
                 resolved = registry.resolve_agent(s, ref=inp.agent_pin)
             if resolved.mcp_servers:  # discovered once, outside the transaction
                 from activities.mcp_tools import discover_sync

@@ -1,6 +1,7 @@
-"""``baton eval``: replay an agent's recorded sessions on a candidate and a baseline, with
-a progress bar while it runs, then a table of what changed (docs/change-safely.md, Replay
-against a candidate). Talks to the API."""
+"""``baton eval``: replay an agent's recorded sessions (and, asked for, its recorded
+workflow-agent steps) on a candidate and a baseline, with a progress bar while it runs,
+then a table of what changed (docs/change-safely.md, Replay against a candidate). Talks to
+the API."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ def eval_body(
     since: str | None,
     tools: str,
     on_miss: str,
+    steps: int | None = None,
+    step: list[str] | None = None,
+    judge: str | None = None,
 ) -> dict[str, Any]:
     """The ``POST /v1/agents/{slug}/evals`` body of the command's options."""
     body: dict[str, Any] = {
@@ -45,6 +49,12 @@ def eval_body(
         body["session_ids"] = session
     if since is not None:
         body["since"] = since
+    if steps is not None:
+        body["steps"] = steps
+    if step:
+        body["step_ids"] = step
+    if judge is not None:
+        body["judge"] = judge
     return body
 
 
@@ -56,7 +66,7 @@ def wait_for_eval(http: httpx.Client, slug: str, summary: dict[str, Any]) -> dic
         TextColumn("replaying"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("sessions"),
+        TextColumn("replays"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as progress:
@@ -84,13 +94,28 @@ def _decisions(item: dict[str, Any]) -> str:
     )
 
 
+def _deliverable(item: dict[str, Any]) -> str:
+    """A step's schema pass and attempts per side (baseline → candidate) and the recorded
+    handoff outcome; ``-`` for a session (it has no deliverable)."""
+    if item.get("kind") != "step":
+        return "-"
+    d = item["deliverable"]
+
+    def side(s: str) -> str:
+        return f"{'pass' if d[s]['valid'] else 'fail'} ({d[s]['attempts']})"
+
+    return f"{side('baseline')} → {side('candidate')} · {d['recorded_handoff']}"
+
+
 def report_table(body: dict[str, Any]) -> Table:
-    """Per session: changed?, similarity of the final answers, the tool diff, the
-    candidate's decisions when they changed, tokens and cost (baseline → candidate)."""
+    """Per session or step: changed?, similarity of the final answers (a step's:
+    its deliverables), the tool diff, the candidate's decisions when they changed, a
+    step's deliverable (schema pass and attempts, baseline → candidate, and the recorded
+    handoff outcome), tokens and cost (baseline → candidate)."""
     table = Table(title=f"{body['id']} · {body['candidate']} against {body['baseline']}")
     # A session id is what a reader copies into `baton trace`: it folds, never elides.
     table.add_column("session", no_wrap=False, overflow="fold")
-    for col in ("changed", "similarity", "tools", "decisions", "tokens", "cost $"):
+    for col in ("changed", "similarity", "tools", "decisions", "deliverable", "tokens", "cost $"):
         table.add_column(col)
     for item in (body.get("report") or {}).get("sessions", []):
         usage = item["usage"]
@@ -101,6 +126,7 @@ def report_table(body: dict[str, Any]) -> Table:
             f"{item['final']['similarity']:.2f}",
             _tools(item["tools"]["diff"]),
             _decisions(item),
+            _deliverable(item),
             f"{usage['baseline']['tokens']} → {usage['candidate']['tokens']}",
             f"{usage['baseline']['cost_usd']:.4f} → {usage['candidate']['cost_usd']:.4f}",
         )
@@ -112,8 +138,15 @@ def totals_line(body: dict[str, Any]) -> str:
     t = (body.get("report") or {}).get("totals")
     if not t:
         return f"{body['status']}: no session replayed"
+    steps = t.get("steps") or 0
+    rate = t["deliverable_pass_rate"]
+    step_part = (
+        f" · {steps} steps, deliverables pass {rate['baseline']:.0%} → {rate['candidate']:.0%}"
+        if steps and rate["baseline"] is not None and rate["candidate"] is not None
+        else ""
+    )
     return (
-        f"{body['status']}: {t['sessions']} sessions · {t['changed']} changed · "
+        f"{body['status']}: {t['sessions']} sessions{step_part} · {t['changed']} changed · "
         f"{t['regressions']} regressions · tools changed {t['tools_changed']} · decisions "
         f"changed {t['decisions_changed']} · tokens {t['tokens']['baseline']} → "
         f"{t['tokens']['candidate']} · cost ${t['cost_usd']['baseline']:.4f} → "
@@ -138,6 +171,17 @@ def eval_(
     since: Annotated[
         str | None, typer.Option(help="Only sessions created at or after this ISO time.")
     ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(help="Also replay the newest N recorded workflow-agent steps (default 0)."),
+    ] = None,
+    step: Annotated[
+        list[str] | None, typer.Option(help="Also replay this recorded step (repeatable).")
+    ] = None,
+    judge: Annotated[
+        str | None,
+        typer.Option(help="A model (as a spec's model) that judges each changed answer."),
+    ] = None,
     tools: Annotated[
         str, typer.Option(help="recorded (answer from the recording) or live (run them).")
     ] = "recorded",
@@ -154,10 +198,13 @@ def eval_(
         str | None, typer.Option("--api", help="Baton API base URL (default BATON_API_URL).")
     ] = None,
 ) -> None:
-    """Replay recorded sessions of SLUG on a candidate and on the baseline and compare them
+    """Replay recorded sessions of SLUG (and with --steps or --step its recorded
+    workflow-agent steps) on a candidate and on the baseline and compare them
     (docs/change-safely.md, Replay against a candidate). Exit 0 once the eval completed
     (the publish gate judges it, not this command), 1 when it failed or was cancelled."""
-    body = eval_body(candidate, baseline, sessions, session, since, tools, on_miss)
+    body = eval_body(
+        candidate, baseline, sessions, session, since, tools, on_miss, steps, step, judge
+    )
     with api_client(api_url) as http:
         started = checked(http.post(f"/v1/agents/{slug}/evals", json=body))
         console.print(

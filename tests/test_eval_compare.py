@@ -99,6 +99,7 @@ def test_the_report_shape_is_the_contracts() -> None:
     """Every key of the report's session and totals is there, nothing else."""
     item = compare.compare_session("r", outcome(), outcome())
     assert set(item) == {
+        "kind",
         "session_id",
         "baseline_session_id",
         "candidate_session_id",
@@ -113,3 +114,35 @@ def test_the_report_shape_is_the_contracts() -> None:
     }
     assert set(item["final"]) == {"baseline", "candidate", "same", "similarity", "diff", "judge"}
     assert set(compare.report([item])) == {"sessions", "totals"}
+
+
+def test_a_step_item_compares_deliverables_per_side_with_the_recorded_handoff() -> None:
+    """A step item: kind "step", each side's schema pass, attempts and deliverable, the
+    recorded handoff outcome; the candidate failing the schema where the baseline passed
+    is a changed regression, an equal deliverable is neither, and the pass rate counts
+    steps only."""
+    passed = outcome(deliverable_valid=True, deliverable={"a": 1}, attempts=1, final='{"a": 1}')
+    failed = outcome(deliverable_valid=False, attempts=3, final="nope", error="invalid_deliverable")
+    item = compare.compare_step("step-r", "approved", passed, failed)
+    assert (item["kind"], item["step_id"], item["session_id"]) == ("step", "step-r", "step-r")
+    assert item["deliverable"] == {
+        "baseline_valid": True,
+        "candidate_valid": False,
+        "baseline": {"valid": True, "attempts": 1, "value": {"a": 1}},
+        "candidate": {"valid": False, "attempts": 3, "value": None},
+        "recorded_handoff": "approved",
+        "same": False,
+    }
+    assert (item["changed"], item["regression"]) == (True, True)
+    alike = compare.compare_step("step-s", "none", passed, passed)
+    assert (alike["changed"], alike["regression"], alike["deliverable"]["same"]) == (
+        False,
+        False,
+        True,
+    )
+    better = compare.compare_step("step-t", "rejected", failed, passed)
+    assert (better["changed"], better["regression"]) == (True, False)
+    session = compare.compare_session("session-r", outcome(), outcome())
+    totals = compare.totals([item, alike, better, session])
+    assert (totals["sessions"], totals["steps"], totals["regressions"]) == (4, 3, 1)
+    assert totals["deliverable_pass_rate"] == {"baseline": 0.6667, "candidate": 0.6667}

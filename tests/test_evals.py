@@ -365,10 +365,14 @@ def test_an_eval_started_twice_with_one_idempotency_key_is_one_eval(stack: Stack
 # --- bad input, lists, metering ----------------------------------------------------------
 
 
-def test_bad_eval_requests_are_refused_with_codes_and_start_nothing(stack: Stack) -> None:
+def test_bad_eval_requests_are_refused_with_codes_and_start_nothing(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Unknown candidates and baselines, no sessions, unknown session ids, a count past
     its bounds (ok at 1 and 100, refused at 0 and 101), session_ids with a count, a judge
-    (not offered): each a 4xx problem with its code, and no eval recorded."""
+    model with no key configured: each a 4xx problem with its code, and no eval
+    recorded."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     http = stack.http
     publish(http, "helper", [{"reply": "hi"}])
     publish(http, "other", [{"reply": "hi"}])
@@ -388,7 +392,7 @@ def test_bad_eval_requests_are_refused_with_codes_and_start_nothing(stack: Stack
             "unknown_sessions",
         ),
         ({"session_ids": [sid], "sessions": 1}, 422, "validation_error"),
-        ({"judge": "openai:gpt-4o"}, 422, "validation_error"),
+        ({"judge": "openai:gpt-4o"}, 422, "unknown_judge"),
         ({"tools": "sometimes"}, 422, "validation_error"),
     ]
     for body, code, name in cases:

@@ -3,7 +3,9 @@ Replay against a candidate).
 
 Each recorded session is replayed twice, on the candidate and on the baseline (the
 faithful baseline: the unchanged agent run again, so that noise shows), each replay a
-``replay`` activity that drives a session of its own; at most ``concurrency`` replays run at
+``replay`` activity that drives a session of its own; each recorded workflow-agent step
+(``recorded_steps``) likewise, a ``replay_step`` activity running its input as a step of
+its own (no handoff); at most ``concurrency`` replays run at
 once. When both replays of a session are done their comparison is written into the eval's
 report (``record_replays``) before that session counts as done, so a worker lost mid-eval
 costs only the replays in flight: Temporal's history holds the finished ones, and a
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -22,7 +25,13 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.evals import EvalActivities
-    from baton.contracts.activity_io import EvalEnd, ReplayInput, ReplayOutcome, ReplayPair
+    from baton.contracts.activity_io import (
+        EvalEnd,
+        JudgeInput,
+        ReplayInput,
+        ReplayOutcome,
+        ReplayPair,
+    )
     from baton.contracts.values import ResolvedAgent
     from baton.contracts.workflow_io import EvalInput
 
@@ -40,6 +49,17 @@ REPLAY_RETRY = RetryPolicy(
     maximum_attempts=20,
 )
 
+#: One judge call (a model request) and its retries: a reply that is no verdict, or a
+#: provider's failure, is asked again a few times, then the eval fails.
+JUDGE_TIMEOUT = timedelta(minutes=5)
+JUDGE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+    non_retryable_error_types=["unknown_judge"],
+)
+
 
 @workflow.defn(name="Eval")
 class EvalWorkflow:
@@ -52,11 +72,12 @@ class EvalWorkflow:
         writing = asyncio.Lock()  # one writer of the report at a time (read, then write)
 
         async def replay(
-            recorded: str, side: str, ref: str, agent: ResolvedAgent | None
+            recorded: str, side: str, ref: str, agent: ResolvedAgent | None, kind: str
         ) -> ReplayOutcome:
+            method = EvalActivities.replay_step if kind == "step" else EvalActivities.replay
             async with slots:
                 outcome: ReplayOutcome = await workflow.execute_activity_method(
-                    EvalActivities.replay,
+                    method,
                     ReplayInput(
                         eval_id=inp.eval_id,
                         recorded=recorded,
@@ -75,10 +96,10 @@ class EvalWorkflow:
                 )
                 return outcome
 
-        async def session(recorded: str) -> None:
+        async def session(recorded: str, kind: Literal["session", "step"] = "session") -> None:
             baseline, candidate = await asyncio.gather(
-                replay(recorded, "baseline", inp.baseline, inp.baseline_agent),
-                replay(recorded, "candidate", inp.candidate, inp.candidate_agent),
+                replay(recorded, "baseline", inp.baseline, inp.baseline_agent, kind),
+                replay(recorded, "candidate", inp.candidate, inp.candidate_agent, kind),
             )
             async with writing:
                 await workflow.execute_activity_method(
@@ -88,14 +109,38 @@ class EvalWorkflow:
                         recorded=recorded,
                         baseline=baseline,
                         candidate=candidate,
+                        kind=kind,
                     ),
                     start_to_close_timeout=store_timeout(inp.config),
                     retry_policy=STORE_RETRY,
                     summary=f"record · {recorded}",
                 )
+                if inp.judge is not None:
+                    # 👉 Only an eval asked for a judge issues this command (`judge`
+                    # defaults to None), so earlier evals replay unchanged: no patch.
+                    await workflow.execute_activity_method(
+                        EvalActivities.judge_replays,
+                        JudgeInput(
+                            eval_id=inp.eval_id,
+                            recorded=recorded,
+                            agent_slug=inp.baseline.partition("@")[0],
+                            judge=inp.judge,
+                            prices=inp.config.prices,
+                        ),
+                        start_to_close_timeout=JUDGE_TIMEOUT,
+                        heartbeat_timeout=heartbeat_timeout(inp.config),
+                        retry_policy=JUDGE_RETRY,
+                        summary=f"judge · {recorded}",
+                    )
 
         try:
-            await asyncio.gather(*(session(r) for r in inp.recorded))
+            # 👉 Step replays are commands only an eval that recorded steps issues: an
+            # eval started before them has none (`recorded_steps` defaults to empty), so
+            # its history replays unchanged and no patch gate is needed.
+            await asyncio.gather(
+                *(session(r) for r in inp.recorded),
+                *(session(r, "step") for r in inp.recorded_steps),
+            )
         except asyncio.CancelledError:
             await workflow.execute_activity_method(
                 EvalActivities.cancel_replays,

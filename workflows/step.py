@@ -42,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from baton.contracts.search import SA_AGENT, SA_STATUS
     from baton.contracts.values import ResolvedAgent, StepStatus
     from baton.contracts.workflow_io import HandoffDecision, StepInput, from_signal
-    from baton.runs.handoff import status_after
+    from baton.runs.handoff import REVISE_PROMPT, status_after
     from baton.temporal_ui import md_text
 
 from workflows.calls import (
@@ -171,7 +171,7 @@ class AgentStepWorkflow:
                 )
             self._status = after
             await self._update(after, deliverable=checked.deliverable)
-            prompt = f"Revise your deliverable. Feedback: {decision.feedback or '(none given)'}"
+            prompt = f"{REVISE_PROMPT}{decision.feedback or '(none given)'}"
 
     async def _deliver(self, agent: ResolvedAgent, prompt: str) -> DeliverableResult:
         """One attempt, then its final message checked against the output schema; a

@@ -20,11 +20,12 @@ from api.routers.agents import SlugPath
 from api.routers.sessions import runnable
 from baton.agents import registry
 from baton.agents.schemas import MAX_OFFSET, Page
+from baton.agents.spec import ModelName
 from baton.contracts.evals import EVAL_ID_PATTERN, EvalReport, EvalSummary
 from baton.contracts.values import ResolvedAgent
 from baton.contracts.workflow_io import EvalInput
 from baton.errors import BatonError, EngineUnavailable, NotFound
-from baton.evals import replay, store
+from baton.evals import judge, replay, store
 from baton.runs import launch
 from baton.storage.db import EvalRow, session_scope, utcnow
 
@@ -110,7 +111,26 @@ class EvalCreate(BaseModel):
         description="Replay exactly these recorded sessions.",
     )
     since: AwareDatetime | None = Field(
-        default=None, description="Only sessions created at or after this time."
+        default=None, description="Only sessions (and steps) created at or after this time."
+    )
+    steps: int = Field(
+        default=replay.DEFAULT_EVAL_STEPS,
+        ge=0,
+        le=replay.MAX_EVAL_STEPS,
+        description="Also replay the newest this-many ended workflow-agent steps of the "
+        f"agent (default {replay.DEFAULT_EVAL_STEPS}: none).",
+    )
+    step_ids: list[Annotated[str, Field(pattern=r"^step-[0-9a-f-]{36}$")]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=replay.MAX_EVAL_STEPS,
+        description="Also replay exactly these recorded steps.",
+    )
+    judge: ModelName | None = Field(
+        default=None,
+        description="A model, named as an agent spec's `model` (`openai:gpt-4o`), asked to "
+        "compare each changed item's answers: `final.judge` `{verdict, reason}`, a "
+        "`worse` a regression. 422 `unknown_judge` when this deployment cannot build it.",
     )
     tools: Literal["recorded", "live"] = Field(
         default="recorded",
@@ -126,6 +146,8 @@ class EvalCreate(BaseModel):
     def _one_selection(self) -> EvalCreate:
         if self.session_ids is not None and (self.sessions is not None or self.since is not None):
             raise ValueError("session_ids names the sessions: send no sessions or since with it")
+        if self.step_ids is not None and self.steps:
+            raise ValueError("step_ids names the steps: send no steps with it")
         return self
 
 
@@ -162,13 +184,17 @@ async def start_eval(
 ) -> EvalSummary:
     """Replay recorded sessions of ``slug`` the caller may read on the candidate and on the
     baseline, and compare them (docs/change-safely.md, Replay against a candidate) → 202
-    with the eval; poll ``GET …/evals/{id}`` for its progress and report.
+    with the eval; poll ``GET …/evals/{id}`` for its progress and report. ``steps`` /
+    ``step_ids`` replay the agent's recorded workflow-agent steps too (each input run as a
+    step, its output schema checked, no handoff); a ``steps`` eval of an agent with no
+    recorded session replays its steps alone (unless ``sessions`` was asked for).
 
     Needs ``viewer`` on the agent and the right to run both sides (a draft: ``owner``).
-    422 ``unknown_candidate``, ``no_sessions``, ``unknown_sessions``,
-    ``validation_error``; 404 ``agent_not_found``; 503 ``engine_unavailable`` (nothing is
-    left behind). With an ``Idempotency-Key`` the eval id is derived from it: a retry that
-    takes over a request whose API process was killed attaches to the eval it started.
+    422 ``unknown_candidate``, ``no_sessions``, ``unknown_sessions``, ``unknown_steps``,
+    ``unknown_judge``, ``validation_error``; 404 ``agent_not_found``; 503
+    ``engine_unavailable`` (nothing is left behind). With an ``Idempotency-Key`` the eval
+    id is derived from it: a retry that takes over a request whose API process was killed
+    attaches to the eval it started.
     """
     eval_id = f"eval-{claim.uuid() if claim else uuid.uuid4()}"
 
@@ -178,20 +204,39 @@ async def start_eval(
             registry.get_agent(s, slug=slug)
             cand_pin, cand = _side(s, caller, slug, body.candidate)
             base_pin, base = _side(s, caller, slug, body.baseline)
-            picked = replay.pick_sessions(
+            if body.judge is not None:
+                judge.check_judge(body.judge)
+            visible = caller.visible(s)
+            steps = replay.pick_steps(
                 s,
                 slug=slug,
-                visible=caller.visible(s),
-                sessions=body.sessions,
-                session_ids=body.session_ids,
+                visible=visible,
+                steps=body.steps,
+                step_ids=body.step_ids,
                 since=body.since,
             )
+            try:
+                picked = replay.pick_sessions(
+                    s,
+                    slug=slug,
+                    visible=visible,
+                    sessions=body.sessions,
+                    session_ids=body.session_ids,
+                    since=body.since,
+                )
+            except replay.NoSessions:
+                if not steps or body.sessions is not None:
+                    raise
+                picked = []  # an eval of steps alone: the agent has no recorded session
             options = {
                 "tools": body.tools,
                 "on_miss": body.on_miss,
                 "sessions": body.sessions,
                 "since": body.since.isoformat() if body.since else None,
                 "session_ids": picked,
+                "steps": body.steps,
+                "judge": body.judge,
+                "step_ids": steps,
                 "candidate_pin": cand_pin,
                 "baseline_pin": base_pin,
                 "concurrency": settings.eval_concurrency,
@@ -205,7 +250,7 @@ async def start_eval(
                 candidate_digest=cand.digest,
                 baseline=body.baseline,
                 options=options,
-                total=len(picked),
+                total=len(picked) + len(steps),
                 owner=caller.user,
                 workflow_id=eval_id,
             )
@@ -215,8 +260,10 @@ async def start_eval(
             inp = EvalInput(
                 eval_id=eval_id,
                 recorded=picked,
+                recorded_steps=steps,
                 candidate=cand_pin,
                 baseline=base_pin,
+                judge=body.judge,
                 candidate_agent=cand if cand.version == 0 else None,
                 baseline_agent=base if base.version == 0 else None,
                 user=caller.user,

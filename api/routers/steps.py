@@ -23,6 +23,7 @@ from baton.agents.schemas import MAX_OFFSET, Page
 from baton.agents.spec import REF_PATTERN, SafeText, parse_ref
 from baton.contracts.workflow_io import HandoffDecision, StepInput, StepRetry
 from baton.errors import AdminOnly, Conflict, EngineUnavailable, NotFound
+from baton.evals import replay
 from baton.runs import deliverables, launch, metering, session_store
 from baton.runs.deliverables import check_output_schema
 from baton.runs.handoff import status_after
@@ -258,8 +259,9 @@ def list_steps(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> Page[StepPublic]:
-    """Steps newest first (auth mode: of agents the user holds a role on)."""
-    conditions = []
+    """Steps newest first (auth mode: of agents the user holds a role on); an eval's step
+    replays are never listed."""
+    conditions: list[Any] = [col(StepRow.id).not_in(replay.replay_step_ids())]
     if agent is not None:
         conditions.append(col(StepRow.agent_slug) == agent)
     visible = caller.visible(session)

@@ -19,6 +19,7 @@ from temporalio.service import RPCError
 
 from api.deps import Caller
 from api.routers.steps import step_public
+from baton.evals import replay
 from baton.storage.db import StepRow
 
 #: Pending handoffs the inbox lists at most, oldest first (the nearest deadline first).
@@ -50,8 +51,11 @@ def step_card(row: StepRow) -> dict[str, Any]:
 
 
 def _visible(session: Session, caller: Caller, role: Any) -> list[Any]:
+    """The conditions of the steps the console lists: the caller's, never an eval's step
+    replay."""
     visible = caller.visible(session, role)
-    return [] if visible is None else [col(StepRow.agent_slug).in_(visible)]
+    ordinary = [col(StepRow.id).not_in(replay.replay_step_ids())]
+    return ordinary if visible is None else [*ordinary, col(StepRow.agent_slug).in_(visible)]
 
 
 def handoff_state(session: Session, caller: Caller) -> dict[str, list[dict[str, Any]]]:

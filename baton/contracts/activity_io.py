@@ -439,15 +439,30 @@ class ReplayOutcome(BaseModel):
     cost_usd: float = 0.0
     latency_ms: int = 0
     error: str | None = None
+    deliverable: Any = Field(default=None, description="A step replay's deliverable.")
+    attempts: int = Field(default=0, description="A step replay's attempts used.")
+
+
+class JudgeInput(BaseModel):
+    """``judge_replays`` activity input: ask model ``judge`` about recorded item
+    ``recorded`` of eval ``eval_id`` (of agent ``agent_slug``), priced by ``prices``."""
+
+    eval_id: str
+    recorded: str
+    agent_slug: str
+    judge: str
+    prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
 
 
 class ReplayPair(BaseModel):
-    """``record_replays`` activity input: one recorded session's two replays, done."""
+    """``record_replays`` activity input: one recorded session's (or, ``kind`` ``step``,
+    one recorded step's) two replays, done."""
 
     eval_id: str
     recorded: str
     baseline: ReplayOutcome
     candidate: ReplayOutcome
+    kind: Literal["session", "step"] = "session"
 
 
 class EvalEnd(BaseModel):

@@ -40,6 +40,7 @@ _SUMMARY_EXAMPLE: dict[str, Any] = {
 _REPORT_EXAMPLE: dict[str, Any] = {
     "sessions": [
         {
+            "kind": "session",
             "session_id": "sess-1",
             "baseline_session_id": "sess-eval-b1",
             "candidate_session_id": "sess-eval-c1",
@@ -70,6 +71,7 @@ _REPORT_EXAMPLE: dict[str, Any] = {
     ],
     "totals": {
         "sessions": 1,
+        "steps": 0,
         "changed": 1,
         "regressions": 0,
         "tools_changed": 1,

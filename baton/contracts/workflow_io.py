@@ -483,8 +483,18 @@ class EvalInput(BaseModel):
 
     eval_id: str
     recorded: list[str]
+    recorded_steps: list[str] = Field(
+        default_factory=list,
+        description="Recorded workflow-agent steps replayed too (their input, as a step "
+        "with no handoff), after the sessions in the report.",
+    )
     candidate: str
     baseline: str
+    judge: str | None = Field(
+        default=None,
+        description="A model (as an agent spec's `model`) asked to compare each changed "
+        "item's answers; None: no judge.",
+    )
     candidate_agent: ResolvedAgent | None = None
     baseline_agent: ResolvedAgent | None = None
     user: str

@@ -90,6 +90,7 @@ def compare_session(
         or bool(_blocked(candidate.decisions) - _blocked(baseline.decisions))
     )
     return {
+        "kind": "session",
         "session_id": recorded,
         "baseline_session_id": baseline.session_id,
         "candidate_session_id": candidate.session_id,
@@ -123,14 +124,50 @@ def compare_session(
     }
 
 
+def compare_step(
+    recorded: str, handoff: str, baseline: ReplayOutcome, candidate: ReplayOutcome
+) -> dict[str, Any]:
+    """One recorded step of the report: the items of :func:`compare_session` (``final`` is
+    each side's deliverable as canonical JSON, or its last output when it failed) with
+    ``kind`` ``step``, ``step_id`` and ``session_id`` the recorded step's id, and
+    ``deliverable`` per side ``{valid, attempts, value}`` beside ``recorded_handoff`` (the
+    original step's last handoff decision: approved | revised | rejected | none) and
+    ``same``. ``changed``: the deliverables (or the tool sequences) differ;
+    ``regression``: the candidate failed the schema or errored where the baseline did
+    not."""
+    item = compare_session(recorded, baseline, candidate)
+    same_deliverable = (
+        baseline.deliverable_valid == candidate.deliverable_valid
+        and baseline.deliverable == candidate.deliverable
+        and (baseline.deliverable_valid or baseline.final == candidate.final)
+    )
+    item.update(
+        kind="step",
+        step_id=recorded,
+        baseline_step_id=baseline.session_id,
+        candidate_step_id=candidate.session_id,
+        changed=not (same_deliverable and item["tools"]["same"]),
+    )
+    item["deliverable"].update(
+        {
+            side: {"valid": r.deliverable_valid, "attempts": r.attempts, "value": r.deliverable}
+            for side, r in (("baseline", baseline), ("candidate", candidate))
+        }
+    )
+    item["deliverable"].update(recorded_handoff=handoff, same=same_deliverable)
+    return item
+
+
 def _pass_rate(values: list[bool | None]) -> float | None:
     known = [v for v in values if v is not None]
     return round(sum(known) / len(known), 4) if known else None
 
 
 def totals(sessions: list[dict[str, Any]]) -> dict[str, Any]:
-    """The report's totals over ``sessions`` (:func:`compare_session` items): counts, the
-    deliverable pass rate per side (None when no session had a deliverable), tokens and
+    """The report's totals over ``sessions`` (:func:`compare_session` and
+    :func:`compare_step` items): counts (``sessions`` all items, ``steps`` the steps among
+    them), the deliverable pass rate per side (None when no item had a deliverable: only
+    steps have one), tokens and
     cost summed, the median latency, errors counted."""
 
     def side(key: str, s: str) -> list[Any]:
@@ -141,6 +178,7 @@ def totals(sessions: list[dict[str, Any]]) -> dict[str, Any]:
 
     return {
         "sessions": len(sessions),
+        "steps": sum(x.get("kind") == "step" for x in sessions),
         "changed": sum(x["changed"] for x in sessions),
         "regressions": sum(x["regression"] for x in sessions),
         "tools_changed": sum(not x["tools"]["same"] for x in sessions),

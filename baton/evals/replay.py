@@ -33,7 +33,8 @@ from baton.contracts.codes import EVAL_UNRECORDED
 from baton.errors import BatonError
 from baton.permissions.reviews import add_audit
 from baton.runs import session_store
-from baton.storage.db import AuditRow, EvalRow, SessionRow, UsageRow
+from baton.runs.handoff import REVISE_PROMPT
+from baton.storage.db import AuditRow, EvalRow, SessionRow, StepRow, UsageRow
 
 ToolsMode = Literal["recorded", "live"]
 OnMiss = Literal["live", "fail"]
@@ -41,6 +42,13 @@ Side = Literal["baseline", "candidate"]
 
 #: Most recorded sessions one eval replays (``sessions`` / ``session_ids``).
 MAX_EVAL_SESSIONS = 100
+#: Most recorded workflow-agent steps one eval replays (``steps`` / ``step_ids``).
+MAX_EVAL_STEPS = 100
+#: Recorded steps an eval replays when the request names neither a count nor ids: none
+#: (an eval of sessions stays what it was; steps are asked for).
+DEFAULT_EVAL_STEPS = 0
+#: Statuses of a recorded step an eval replays: it has ended.
+ENDED_STEP_STATUSES = ("completed", "failed", "rejected")
 #: Recorded sessions an eval replays when the request names neither a count nor ids.
 DEFAULT_EVAL_SESSIONS = 10
 #: ``decided_by`` of the audit rows a replay's cross-agent decisions leave: the policy
@@ -107,6 +115,92 @@ def pick_sessions(
     if not rows:
         raise NoSessions(f"'{slug}' has no recorded session to replay", path="sessions")
     return [r.id for r in reversed(rows)]
+
+
+class UnknownSteps(BatonError):
+    """``step_ids`` names a step that is not a recorded, ended step of the agent the caller
+    reads (unknown, another agent's, still running, or an eval's replay)."""
+
+    code = "unknown_steps"
+    status = 422
+    title = "Unknown steps"
+
+
+def pick_steps(
+    s: Session,
+    *,
+    slug: str,
+    visible: list[str] | None,
+    steps: int = DEFAULT_EVAL_STEPS,
+    step_ids: list[str] | None = None,
+    since: datetime | None = None,
+) -> list[str]:
+    """The recorded workflow-agent steps an eval of ``slug`` replays, oldest first:
+    ``step_ids`` as given, else the newest ``steps`` (0: none) created at or after
+    ``since``. Only ended steps (:data:`ENDED_STEP_STATUSES`) of ``slug`` that ``GET
+    /v1/steps`` lists for ``visible`` (None = all agents): never an eval's step replay.
+    Raises UnknownSteps (422) for an id outside that; an empty pick is no error."""
+    if not step_ids and steps <= 0:
+        return []
+    if visible is not None and slug not in visible:
+        rows: list[StepRow] = []
+    else:
+        query = (
+            select(StepRow)
+            .where(
+                StepRow.agent_slug == slug,
+                col(StepRow.status).in_(ENDED_STEP_STATUSES),
+                col(StepRow.id).not_in(replay_step_ids()),
+            )
+            .order_by(col(StepRow.created_at).desc(), col(StepRow.id).desc())
+        )
+        if step_ids:
+            query = query.where(col(StepRow.id).in_(step_ids))
+        elif since is not None:
+            query = query.where(col(StepRow.created_at) >= since)
+        rows = list(s.exec(query.limit(len(step_ids) if step_ids else steps)).all())
+    if step_ids:
+        found = {r.id for r in rows}
+        missing = [i for i in step_ids if i not in found]
+        if missing:
+            raise UnknownSteps(
+                f"not an ended, recorded step of '{slug}' you can read: {', '.join(missing[:5])}",
+                path="step_ids",
+            )
+        return list(dict.fromkeys(step_ids))
+    return [r.id for r in reversed(rows)]
+
+
+def replay_step_ids() -> Any:
+    """A subquery of the ids of every eval's step replay (their transcript rows carry the
+    ``eval_id``): what ordinary step lists leave out."""
+    return select(SessionRow.id).where(
+        col(SessionRow.eval_id).is_not(None), col(SessionRow.id).startswith("step-")
+    )
+
+
+def replay_step_id(eval_id: str, recorded: str, side: Side) -> str:
+    """The id of recorded step ``recorded``'s replay on ``side`` (the same on every attempt,
+    so a retried replay attaches to the step its first attempt started)."""
+    return f"step-{uuid.uuid5(_REPLAY_NAMESPACE, f'{eval_id}:{recorded}:{side}')}"
+
+
+HandoffOutcome = Literal["approved", "revised", "rejected", "none"]
+
+
+def handoff_outcome(s: Session, *, step: StepRow) -> HandoffOutcome:
+    """The last handoff decision recorded step ``step`` received: ``approved`` (it completed
+    after a handoff), ``rejected``, ``revised`` (a revise was its last decision: it failed
+    or timed out after it), ``none`` (no handoff, or no decision reached it)."""
+    if not step.handoff:
+        return "none"
+    if step.status == "rejected":
+        return "rejected"
+    if step.status == "completed":
+        return "approved"
+    segs = session_store.segments(s, session_id=step.id)
+    users = session_store.read_messages(s, segs, role="user")
+    return "revised" if any(m.text.startswith(REVISE_PROMPT) for m in users) else "none"
 
 
 def replay_session_id(eval_id: str, recorded: str, side: Side) -> str:

@@ -9,6 +9,10 @@ from __future__ import annotations
 from baton.contracts.values import StepStatus
 from baton.contracts.workflow_io import HandoffDecision
 
+#: The prompt of the attempt after a ``revise`` begins with this (then the feedback): how
+#: a step's transcript shows that it was revised.
+REVISE_PROMPT = "Revise your deliverable. Feedback: "
+
 
 def status_after(decision: HandoffDecision) -> StepStatus:
     """The step's status once ``decision`` is applied: ``approve`` completes the step,

@@ -724,12 +724,23 @@ def _attach_if_keyed(keyed: bool) -> dict[str, Any]:
 
 
 def record_step(
-    session: Session, *, inp: StepInput, ref: str, keyed: bool = False
+    session: Session,
+    *,
+    inp: StepInput,
+    ref: str,
+    keyed: bool = False,
+    provenance: Provenance | None = None,
+    agent: ResolvedAgent | None = None,
 ) -> tuple[str, int]:
     """Resolve ``ref`` to a pin and record the step (its row and the session row of the same
     id that holds its transcript) in ``session`` (flush only). Returns ``(slug, version)``.
     ``keyed`` (the step id derived from an ``Idempotency-Key``): a step already stored
     under that id is a first attempt's, and its pin is returned unchanged.
+
+    ``provenance`` goes on the transcript's session row (an eval's step replay: its
+    ``eval_id`` and ``replay_of`` keep it out of ``GET /v1/steps``); ``agent`` runs a given
+    snapshot instead of resolving ``ref`` (the draft, version 0, in an eval's sandbox): it
+    is recorded on that row, where ``load_agent`` reads a version-0 snapshot.
 
     Raises the registry's errors for the reference and NotInvocable (422
     ``not_invocable``) for an ambassador, which never runs as a step
@@ -738,13 +749,17 @@ def record_step(
     existing = session.get(StepRow, inp.step_id) if keyed else None
     if existing is not None:
         return existing.agent_slug, existing.agent_version
-    found, rev = registry.resolve_ref(session, ref=ref)
-    inquiries.require_invocable(session, slug=found.slug)
+    if agent is not None:
+        slug, version = agent.slug, agent.version
+    else:
+        found, rev = registry.resolve_ref(session, ref=ref)
+        slug, version = found.slug, rev.version
+    inquiries.require_invocable(session, slug=slug)
     session.add(
         StepRow(
             id=inp.step_id,
-            agent_slug=found.slug,
-            agent_version=rev.version,
+            agent_slug=slug,
+            agent_version=version,
             input=inp.input,
             output_schema=inp.output_schema,
             retry=inp.retry.model_dump(),
@@ -754,15 +769,18 @@ def record_step(
         )
     )
     # The step's transcript lives in a session row of the same id (claim-check).
-    session_store.create_session(
+    row = session_store.create_session(
         session,
         session_id=inp.step_id,
-        agent_slug=found.slug,
-        agent_version=rev.version,
-        provenance=Provenance(created_by_user=inp.user),
+        agent_slug=slug,
+        agent_version=version,
+        provenance=provenance or Provenance(created_by_user=inp.user),
         name=f"Step · {_name(inp.input)}",
     )
-    return found.slug, rev.version
+    if agent is not None:
+        row.resolved_agent = agent.model_dump(mode="json")
+        session.add(row)
+    return slug, version
 
 
 def forget_step(engine: Engine, step_id: str) -> None:
@@ -783,10 +801,13 @@ async def launch_step(
     ref: str,
     recorded: tuple[str, int] | None = None,
     keyed: bool = False,
+    provenance: Provenance | None = None,
+    agent: ResolvedAgent | None = None,
 ) -> tuple[str, int]:
-    """Record the step (:func:`record_step`) and start its AgentStepWorkflow (id
-    ``step-<uuid>``). Returns ``(slug, version)``. ``recorded``: what the caller's own
-    :func:`record_step` returned (the API records before it connects to Temporal).
+    """Record the step (:func:`record_step`, ``provenance`` and ``agent`` as there) and
+    start its AgentStepWorkflow (id ``step-<uuid>``). Returns ``(slug, version)``.
+    ``recorded``: what the caller's own :func:`record_step` returned (the API records
+    before it connects to Temporal).
 
     ``keyed``: the step id was derived from an HTTP ``Idempotency-Key``; a stored step of
     that id is a first attempt's (its API process killed): its pin is kept and its
@@ -798,7 +819,7 @@ async def launch_step(
 
     def record() -> tuple[str, int]:
         with session_scope(engine) as s:
-            return record_step(s, inp=inp, ref=ref, keyed=keyed)
+            return record_step(s, inp=inp, ref=ref, keyed=keyed, provenance=provenance, agent=agent)
 
     slug, version = recorded if recorded is not None else await asyncio.to_thread(record)
     pinned = inp.model_copy(update={"agent_pin": f"{slug}@{version}"})
