@@ -50,6 +50,15 @@ from baton.storage.db import EvalRow, MessageRow, SessionRow, StepRow, session_s
 SETTLE_POLL_S = 0.2
 
 
+def eval_cancelled() -> bool:
+    """Whether this replay attempt was cancelled because its eval was (the workflow
+    cancelled the activity), so its replay run is cancelled with it. An attempt that
+    timed out, lost its worker or was otherwise cut off leaves the run alone: the retried
+    attempt attaches to it and goes on."""
+    details = activity.cancellation_details()
+    return details is not None and details.cancel_requested
+
+
 class EvalActivities:
     """The eval's activities, bound to the database and the Temporal client."""
 
@@ -117,8 +126,9 @@ class EvalActivities:
                 if status not in CLOSED_STATUSES:
                     await self._send(inp, sid, name, prov, turns, sent)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await launch.cancel_session(self._client, self._engine, session_id=sid)
+            if eval_cancelled():
+                with contextlib.suppress(Exception):
+                    await launch.cancel_session(self._client, self._engine, session_id=sid)
             raise
         return await asyncio.to_thread(self._facts, sid)
 
@@ -235,8 +245,9 @@ class EvalActivities:
                 with contextlib.suppress(WorkflowFailureError):
                     await handle.result()  # a failed step is a finding, read from its row
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await handle.cancel()
+            if eval_cancelled():
+                with contextlib.suppress(Exception):
+                    await launch.cancel_run(self._client, workflow_id=sid)
             raise
         return await asyncio.to_thread(self._step_facts, sid)
 
@@ -392,8 +403,7 @@ class EvalActivities:
         ids = await asyncio.to_thread(open_replays)
         for sid in ids:
             if sid.startswith("step-"):  # a step replay's transcript row: cancel the step
-                with contextlib.suppress(RPCError):
-                    await self._client.get_workflow_handle(sid).cancel()
+                await launch.cancel_run(self._client, workflow_id=sid)
             else:
                 await launch.cancel_session(self._client, self._engine, session_id=sid)
         return ids

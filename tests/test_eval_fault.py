@@ -4,6 +4,7 @@ candidate)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -13,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from temporalio.testing import WorkflowEnvironment
+import pytest
+from temporalio.activity import ActivityCancellationDetails
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.evals import eval_cancelled
 from baton.evals import replay
 from baton.runs import session_store
 from baton.storage.db import EvalRow, init_db, make_engine, session_scope
@@ -142,3 +146,36 @@ def _up(http: httpx.Client) -> bool:
         return http.get("/healthz").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.parametrize(
+    ("details", "cancels_the_run"),
+    [
+        (ActivityCancellationDetails(cancel_requested=True), True),
+        (ActivityCancellationDetails(timed_out=True), False),
+        (ActivityCancellationDetails(worker_shutdown=True), False),
+        (ActivityCancellationDetails(not_found=True), False),
+    ],
+)
+async def test_only_a_cancelled_eval_cancels_a_replays_run(
+    details: ActivityCancellationDetails, cancels_the_run: bool
+) -> None:
+    """A replay attempt cancelled because its eval was cancels its run; one that timed out
+    (a missed heartbeat under load), lost its worker or is unknown leaves it running for
+    the retried attempt to attach to."""
+    env = ActivityEnvironment()
+    seen: list[bool] = []
+
+    async def attempt() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append(eval_cancelled())
+            raise
+
+    task = asyncio.ensure_future(env.run(attempt))
+    await asyncio.sleep(0.05)
+    env.cancel(details)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == [cancels_the_run]

@@ -329,5 +329,5 @@ async def cancel_eval(
 
     row, running = await asyncio.to_thread(mark)
     if running:
-        await launch.cancel_eval(await temporal.client(), workflow_id=row.workflow_id)
+        await launch.cancel_run(await temporal.client(), workflow_id=row.workflow_id)
     return store.eval_summary(row)

@@ -885,10 +885,12 @@ async def launch_eval(
         raise EngineUnavailable(f"Temporal refused the eval: {exc.message}") from exc
 
 
-async def cancel_eval(client: Client, *, workflow_id: str) -> None:
-    """Request cancellation of an Eval workflow; it cancels its replays in flight (and
-    their sessions) through its activities. Idempotent: a cancel of an ended eval is a
-    no-op. Raises EngineUnavailable."""
+async def cancel_run(client: Client, *, workflow_id: str) -> None:
+    """Request cancellation of a run that is not a session (sessions take
+    :func:`cancel_session`, which restarts an idle-completed one to cancel it): an Eval
+    workflow, which cancels its replays in flight through its activities, or an eval's
+    step replay. Idempotent: a cancel of an ended or unknown run is a no-op. Raises
+    EngineUnavailable."""
     try:
         await client.get_workflow_handle(workflow_id).cancel()
     except RPCError as exc:
