@@ -132,13 +132,13 @@ class SessionFeed:
         with feeds.notifier.subscribe(self.session_id) as woken:
             while self.followers:
                 woken.clear()  # before the read: an event committed after it still wakes
+                feeds.reads += 1  # counted as it starts, as ``read`` counts its calls
                 try:
                     batch = await asyncio.to_thread(
                         feeds.read, feeds.engine, self.session_id, cursor
                     )
                 except Exception:  # a failed read (busy, gone): each follower reads itself
                     batch = None
-                feeds.reads += 1
                 if batch is None:
                     for f in self.followers:
                         f.lagged = True

@@ -216,8 +216,9 @@ def test_an_agent_presents_an_image_streamed_stored_and_rebuilt_from_the_transcr
 
     events = sse(live_api, f"/v1/sessions/{sid}/events?until=idle")
     shown = [e["data"] for e in events if e["event"] == "exhibit"]
-    assert [w["kind"] for w in shown] == ["image", "table"]
-    image = shown[0]
+    # The reply's two calls run in parallel (docs/exhibits.md): either may be shown first.
+    assert sorted(w["kind"] for w in shown) == ["image", "table"]
+    image, table_shown = sorted(shown, key=lambda w: w["kind"] != "image")
     assert image["url"] == f"/v1/sessions/{sid}/exhibits/{image['id']}"
     assert (image["title"], image["media_type"], image["size"]) == ("Red", "image/png", len(raw))
     assert (image["agent"], image["session_id"], image["delegation_id"]) == ("painter", sid, None)
@@ -226,9 +227,10 @@ def test_an_agent_presents_an_image_streamed_stored_and_rebuilt_from_the_transcr
     assert b64(raw) not in json.dumps([e["data"] for e in events])
 
     turns = _exhibit_turns(live_api, sid)
-    assert [t["exhibit"] for t in turns] == shown
-    assert turns[0]["tool_name"] == "present_exhibit" and turns[0]["tool_input"] is None
-    assert turns[0]["text"].startswith("displayed to the person: image 'Red'")
+    assert [t["exhibit"] for t in turns] == shown  # the transcript keeps the stream's order
+    image_turn = next(t for t in turns if t["exhibit"]["kind"] == "image")
+    assert image_turn["tool_name"] == "present_exhibit" and image_turn["tool_input"] is None
+    assert image_turn["text"].startswith("displayed to the person: image 'Red'")
 
     got = live_api.get(image["url"])
     assert got.status_code == 200 and got.content == raw
@@ -239,7 +241,7 @@ def test_an_agent_presents_an_image_streamed_stored_and_rebuilt_from_the_transcr
     missing = live_api.get(f"/v1/sessions/{sid}/exhibits/ex-{'0' * 24}")
     assert missing.status_code == 404 and missing.json()["code"] == "exhibit_not_found"
     # A table has no content to download: it is all in its wire.
-    assert live_api.get(f"/v1/sessions/{sid}/exhibits/{shown[1]['id']}").status_code == 404
+    assert live_api.get(f"/v1/sessions/{sid}/exhibits/{table_shown['id']}").status_code == 404
 
 
 async def _failed_activities(env: WorkflowEnvironment, sid: str) -> int:

@@ -92,4 +92,5 @@ def test_a_test_belongs_to_its_files_group() -> None:
     assert group_of("tests/test_fault.py::test_x[sqlite]") == "processes"
     assert group_of("test_deploy_image.py::test_y") == "image"
     assert group_of("tests/test_metrics.py::test_z") is None
-    assert set(XDIST_GROUPS.values()) == {"processes", "image", "temporal-ui"}
+    assert group_of("tests/test_workspaces_s3.py::test_w") == "s3"
+    assert set(XDIST_GROUPS.values()) == {"processes", "image", "temporal-ui", "s3"}
