@@ -9,6 +9,7 @@ from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
@@ -77,6 +78,15 @@ async def launch(
         provenance=Provenance(),
         sync=sync,
     )
+
+
+def count_rows(engine: Engine, model: Any, **where: str) -> int:
+    """Rows of the table ``model`` whose columns equal ``where`` (``session_id="s1"``)."""
+    with session_scope(engine) as s:
+        query = select(func.count()).select_from(model)
+        for column, value in where.items():
+            query = query.where(getattr(model, column) == value)
+        return int(s.execute(query).scalar_one())
 
 
 def transcript(engine: Engine, session_id: str) -> list[tuple[str, str]]:

@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from temporalio.client import (
     Client,
@@ -35,9 +34,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
 from baton.settings import Settings
-from baton.storage.db import MessageRow, SessionRow, make_engine, session_scope
+from baton.storage.db import MessageRow, SessionRow, make_engine
 from tests.conftest import PgCluster, migrated, pg_cluster, serve
-from tests.helpers import publish
+from tests.helpers import count_rows, publish
 from tests.test_fault import start_worker, worker_env
 from worker.stack import stop_process
 
@@ -119,14 +118,6 @@ def stack(temporal_env: WorkflowEnvironment) -> Iterator[Stack]:
             engine.dispose()
 
 
-def _count(engine: Engine, model: Any, **where: str) -> int:
-    with session_scope(engine) as s:
-        query = select(func.count()).select_from(model)
-        for column, value in where.items():
-            query = query.where(getattr(model, column) == value)
-        return int(s.execute(query).scalar_one())
-
-
 def _post(http: httpx.Client, url: str, body: dict[str, Any], key: str) -> httpx.Response:
     """POST with an Idempotency-Key, retried with the same key as a client does: after a
     503 (the database just came back) and after 409 ``idempotency_key_in_flight`` ("retry
@@ -173,8 +164,8 @@ def test_a_launch_with_postgresql_stopped_after_it_makes_one_session(stack: Stac
     assert first.json()["session_id"] == again.json()["session_id"]
     session_id = again.json()["session_id"]
     _idle(stack.http, session_id)
-    assert _count(stack.engine, SessionRow) == 1
-    assert _count(stack.engine, MessageRow, session_id=session_id, role="user") == 1
+    assert count_rows(stack.engine, SessionRow) == 1
+    assert count_rows(stack.engine, MessageRow, session_id=session_id, role="user") == 1
 
 
 def test_a_message_with_postgresql_stopped_after_it_is_stored_once(stack: Stack) -> None:
@@ -197,4 +188,4 @@ def test_a_message_with_postgresql_stopped_after_it_is_stored_once(stack: Stack)
     messages = stack.http.get(f"/v1/sessions/{session_id}/transcript").json()["messages"]
     assert [m["text"] for m in messages if m["role"] == "user"] == ["one", "two"]
     assert [m["text"] for m in messages if m["role"] == "assistant"] == ["pong", "pong"]
-    assert _count(stack.engine, MessageRow, session_id=session_id, role="user") == 2
+    assert count_rows(stack.engine, MessageRow, session_id=session_id, role="user") == 2

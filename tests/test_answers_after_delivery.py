@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from temporalio.client import (
     Client,
@@ -35,9 +35,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from api.app import create_app
 from baton.settings import Settings
-from baton.storage.db import MessageRow, SessionRow, init_db, make_engine, session_scope
+from baton.storage.db import MessageRow, SessionRow, init_db, make_engine
 from tests.conftest import serve
-from tests.helpers import publish
+from tests.helpers import count_rows, publish
 from tests.test_fault import start_worker, worker_env
 from worker.stack import stop_process
 
@@ -118,14 +118,6 @@ def stack(
         engine.dispose()
 
 
-def _count(engine: Engine, model: Any, **where: str) -> int:
-    with session_scope(engine) as s:
-        query = select(func.count()).select_from(model)
-        for column, value in where.items():
-            query = query.where(getattr(model, column) == value)
-        return int(s.execute(query).scalar_one())
-
-
 @pytest.mark.parametrize("sync", [False, True])
 def test_a_launch_is_answered_201_when_the_database_drops_after_it(
     stack: tuple[httpx.Client, DropAfterUpdate, Engine], sync: bool
@@ -139,7 +131,7 @@ def test_a_launch_is_answered_201_when_the_database_drops_after_it(
     body = resp.json()
     assert body["status"] == ("idle" if sync else "running")
     assert (body["agent"], body["version"]) == ("echo", 1)
-    assert _count(engine, SessionRow) == 1
+    assert count_rows(engine, SessionRow) == 1
 
 
 @pytest.mark.parametrize("sync", [False, True])
@@ -165,4 +157,4 @@ def test_a_message_is_answered_200_when_the_database_drops_after_it(
         time.sleep(0.05)
     messages = http.get(f"/v1/sessions/{session_id}/transcript").json()["messages"]
     assert [m["text"] for m in messages if m["role"] == "user"] == ["one", "two"]
-    assert _count(engine, MessageRow, session_id=session_id, role="user") == 2
+    assert count_rows(engine, MessageRow, session_id=session_id, role="user") == 2

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from temporalio.testing import WorkflowEnvironment
@@ -45,6 +45,19 @@ REVIEW_TIMEOUT = 25.0
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 LAPTOP = {"width": 1366, "height": 768}
 PHONE = {"width": 390, "height": 844}
+#: How long a console test waits for a page or a server round trip (ms). A click that
+#: decides a handoff waits on Temporal, which takes seconds on a loaded machine (two suites
+#: at once); Playwright's 5 s default is a wall-clock bound such load breaks.
+CONSOLE_WAIT_MS = 30_000
+
+
+def console_context(browser: Browser, viewport: dict[str, int] = LAPTOP) -> BrowserContext:
+    """A fresh browser context of ``viewport`` whose actions and ``expect`` wait up to
+    :data:`CONSOLE_WAIT_MS` (``expect``'s default is process-wide: set on each context)."""
+    context = browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+    context.set_default_timeout(CONSOLE_WAIT_MS)
+    expect.set_options(timeout=CONSOLE_WAIT_MS)
+    return context
 
 
 class Stack:
@@ -157,7 +170,7 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     """A fresh laptop-sized page."""
-    context = browser.new_context(viewport=LAPTOP)  # type: ignore[arg-type]
+    context = console_context(browser)
     try:
         yield context.new_page()
     finally:
@@ -225,7 +238,7 @@ def test_always_allow_resolves_the_other_card_in_every_open_inbox(
     first = _launch(stack.http, {"agent": "caller-b", "prompt": "go"})
     second = _launch(stack.http, {"agent": "caller-b", "prompt": "go2"})
     rid1, rid2 = _review_of(stack.http, first), _review_of(stack.http, second)
-    contexts = [browser.new_context(viewport=LAPTOP) for _ in range(2)]  # type: ignore[arg-type]
+    contexts = [console_context(browser) for _ in range(2)]
     try:
         mine, other = (c.new_page() for c in contexts)
         for p in (mine, other):
@@ -377,7 +390,9 @@ def test_handoffs_are_approved_revised_and_rejected_from_the_inbox(
     card = page.locator(f'#handoffs [data-step="{again}"]')
     card.get_by_role("button", name="Revise with note").click()
     expect(card.get_by_role("alert")).to_have_text("Write a note saying what to revise.")
-    card.get_by_label("Note (sent with Revise or Reject)").fill("shorter please")
+    note = card.get_by_label("Note (sent with Revise or Reject)")
+    note.fill("shorter please")
+    expect(note).to_have_value("shorter please")
     card.get_by_role("button", name="Revise with note").click()
     expect(page.locator(f'[data-key="{again}:1"] .outcome')).to_contain_text(
         "Sent back for revision — the step is"
@@ -726,7 +741,7 @@ def test_every_page_fits_a_phone_and_is_shot_at_both_widths(
         "login": "/ui/login",
     }
     for suffix, viewport in (("", LAPTOP), ("-phone", PHONE)):
-        context = browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+        context = console_context(browser, viewport)
         try:
             page = context.new_page()
             for name, path in pages.items():
@@ -925,7 +940,7 @@ def test_the_ambassador_panel_answers_and_its_draft_is_sent_as_a_user_turn(
     sid = _launch(stack.http, {"team": "desk", "prompt": "go", "sync": True})
     before = _footprint(stack.engine, sid)
     for name, viewport in (("ambassador", LAPTOP), ("session-phone", PHONE)):
-        context = browser.new_context(viewport=viewport)  # type: ignore[arg-type]
+        context = console_context(browser, viewport)
         try:
             page = context.new_page()
             page.goto(f"{stack.base}/ui/sessions/{sid}")
@@ -1052,7 +1067,7 @@ def test_auth_mode_token_login_and_the_same_acl_as_the_api(
             _caller(ann, "caller-z")
             sid = _launch(ann, {"agent": "caller-z", "prompt": "go"})
             rid = _review_of(ann, sid)
-            context = browser.new_context(viewport=LAPTOP)  # type: ignore[arg-type]
+            context = console_context(browser)
             try:
                 page = context.new_page()
                 page.goto(f"{services.api_url}/ui/inbox")

@@ -18,7 +18,7 @@ from baton.settings import Settings
 from baton.storage.db import EvalRow, make_engine, session_scope
 from tests.eval_helpers import insert_eval, report, session_report
 from tests.helpers import publish
-from tests.test_console import LAPTOP, PHONE, browser, shot
+from tests.test_console import LAPTOP, PHONE, browser, console_context, shot
 
 __all__ = ["browser"]  # the module's Chromium fixture
 
@@ -37,7 +37,7 @@ def engine(settings: Settings, api: httpx.Client) -> Iterator[Engine]:
 
 
 def _open(browser: Browser, viewport: dict[str, int]) -> Page:
-    return browser.new_context(viewport=viewport).new_page()  # type: ignore[arg-type]
+    return console_context(browser, viewport).new_page()
 
 
 def _fits(page: Page) -> None:

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from api.app import create_app
 from baton.grants import auth
 from baton.settings import Settings
 from baton.storage.db import make_engine, session_scope
 from tests.conftest import migrated, serve
-from tests.test_console import CHROMIUM, CHROMIUM_ARGS, LAPTOP
+from tests.test_console import browser, page  # noqa: F401  (the fixtures)
 
 
 class AuthApi:
@@ -55,37 +55,17 @@ def auth_api(tmp_path: Path) -> Iterator[AuthApi]:
         thread.join(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """One headless system Chromium for the module."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} missing: `apt-get install chromium` (.ci/run does it)")
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+def _login(on: Page, api: AuthApi, user: str) -> None:
+    on.goto(f"{api.base}/ui/login")
+    on.get_by_label("API token").fill(api.tokens[user])
+    on.get_by_role("button", name="Log in").click()
+    on.wait_for_url(f"{api.base}/ui/inbox")
 
 
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh laptop-sized page."""
-    context = browser.new_context(viewport=LAPTOP)  # type: ignore[arg-type]
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
-
-
-def _login(page: Page, api: AuthApi, user: str) -> None:
-    page.goto(f"{api.base}/ui/login")
-    page.get_by_label("API token").fill(api.tokens[user])
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(f"{api.base}/ui/inbox")
-
-
-def test_the_publisher_of_a_revision_is_recorded_and_shown(auth_api: AuthApi, page: Page) -> None:
+def test_the_publisher_of_a_revision_is_recorded_and_shown(
+    auth_api: AuthApi,
+    page: Page,  # noqa: F811  (the fixture imported above)
+) -> None:
     """A revision alice publishes in auth mode records her: the API's revision says
     published_by alice and the agent page's By column shows alice."""
     alice = auth_api.headers("alice")
@@ -110,7 +90,10 @@ def test_auth_off_records_local_as_the_publisher(api: httpx.Client) -> None:
     assert api.get("/v1/agents/memo/revisions/1").json()["published_by"] == "local"
 
 
-def test_only_an_owner_of_every_member_gets_the_team_editor(auth_api: AuthApi, page: Page) -> None:
+def test_only_an_owner_of_every_member_gets_the_team_editor(
+    auth_api: AuthApi,
+    page: Page,  # noqa: F811  (the fixture imported above)
+) -> None:
     """In auth mode alice, who owns every member, gets the team editor; bob, a viewer of
     them, reads the team with a note and no Save button."""
     alice = auth_api.headers("alice")

@@ -227,7 +227,9 @@ def test_an_agent_presents_an_image_streamed_stored_and_rebuilt_from_the_transcr
     assert b64(raw) not in json.dumps([e["data"] for e in events])
 
     turns = _exhibit_turns(live_api, sid)
-    assert [t["exhibit"] for t in turns] == shown  # the transcript keeps the stream's order
+    # The stream shows the cards as the calls finish; the transcript keeps the reply's call
+    # order (each turn stands at its call's position), image first as the playbook asks.
+    assert [t["exhibit"] for t in turns] == [image, table_shown]
     image_turn = next(t for t in turns if t["exhibit"]["kind"] == "image")
     assert image_turn["tool_name"] == "present_exhibit" and image_turn["tool_input"] is None
     assert image_turn["text"].startswith("displayed to the person: image 'Red'")

@@ -1,5 +1,5 @@
 """The console's audit log page (Gamut X-Agent Policies, 'Audit trail'): rows from
-:func:`baton.permissions.reviews.list_audit`, the function ``GET /v1/audit`` calls, with
+:func:`baton.permissions.reviews.page_audit`, the function ``GET /v1/audit`` calls, with
 whether the review behind a row saved a policy."""
 
 from __future__ import annotations
@@ -116,13 +116,10 @@ def refused_calls(
     out: dict[str, list[dict[str, Any]]] = {}
     for sid in session_ids:
         for outcome in ("block", "denied_by_user", "review_timeout"):
-            rows, _ = reviews.list_audit(
-                session,
-                session_id=sid,
-                outcome=outcome,
-                callers=caller.visible(session),
-                limit=MAX_REFUSED,
+            where = reviews.audit_conditions(
+                session_id=sid, outcome=outcome, callers=caller.visible(session)
             )
+            rows, _, _ = reviews.page_audit(session, where=where, limit=MAX_REFUSED)
             out.setdefault(sid, []).extend(
                 reviews.audit_public(r).model_dump(mode="json") for r in rows
             )

@@ -382,38 +382,6 @@ def audit_conditions(
     return conditions
 
 
-def list_audit(
-    session: Session,
-    *,
-    caller: str | None = None,
-    target: str | None = None,
-    operation: str | None = None,
-    outcome: str | None = None,
-    session_id: str | None = None,
-    via: str | None = None,
-    review_id: str | None = None,
-    callers: list[str] | None = None,
-    limit: int = 50,
-    offset: int = 0,
-) -> tuple[list[AuditRow], int]:
-    """Audit rows newest first, filtered (each filter an equality); ``callers`` limits
-    to those agents (auth mode). ``(rows, total matching)``."""
-    conditions = audit_conditions(
-        caller=caller,
-        target=target,
-        operation=operation,
-        outcome=outcome,
-        session_id=session_id,
-        via=via,
-        review_id=review_id,
-        callers=callers,
-    )
-    newest_first = [col(AuditRow.id).desc()]
-    return page(
-        session, AuditRow, where=conditions, order_by=newest_first, limit=limit, offset=offset
-    )
-
-
 _AUDIT_CURSOR = "audit|"
 
 
