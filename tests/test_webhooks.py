@@ -10,8 +10,9 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class Receiver:
     arrived: threading.Event = field(default_factory=threading.Event)
     requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     processed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    received_at: list[float] = field(default_factory=list)
     duplicates: int = 0
     url: str = ""
 
@@ -67,6 +69,7 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                receiver.received_at.append(time.time())
                 receiver.requests.append((headers, body))
                 receiver.arrived.set()
                 if receiver.hold is not None and not receiver.hold.wait(60):
@@ -136,10 +139,14 @@ def delivered(http: httpx.Client, hook: dict[str, Any], count: int = 1) -> list[
 
 
 def test_review_opened_reaches_the_receiver_signed(
-    temporal_env: WorkflowEnvironment, tmp_path: Path, receiver: Receiver
+    temporal_env: WorkflowEnvironment,
+    tmp_path: Path,
+    receiver: Receiver,
+    record_property: Callable[[str, object], None],
 ) -> None:
     """A review's opening is POSTed signed (Standard Webhooks) with caller, target,
-    operation, preview, deadline and decision links; its resolution follows."""
+    operation, preview, deadline and decision links, after the review opened (the delay
+    is printed under 'measured'); its resolution follows."""
     with running_stack(temporal_env, tmp_path / "hooks.db") as stack:
         http = stack.http
         hook = subscribe(http, receiver.url, ["review.opened", "review.resolved"])
@@ -151,6 +158,10 @@ def test_review_opened_reaches_the_receiver_signed(
         (review,) = pending(http)
         poll(lambda: receiver.of_type("review.opened"), "review.opened delivered")
         headers, body = receiver.requests[0]
+        opened = datetime.fromisoformat(review["created_at"].replace("Z", "+00:00"))
+        delay_ms = (receiver.received_at[0] - opened.timestamp()) * 1000
+        assert delay_ms > 0  # sent because the review opened, never before it
+        record_property("measured", f"review.opened received {delay_ms:.0f} ms after it opened")
         payload = Webhook(hook["secret"]).verify(body, headers)
         assert payload["id"] == headers["webhook-id"]
         data = payload["data"]
