@@ -432,8 +432,8 @@ def test_the_steps_list_and_a_step_page_decide_a_handoff(
     expect(row.locator(".countdown")).to_have_text(re.compile(r"^23h 5\dm$"))
     row.get_by_role("link", name="Plan D").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Plan D")
-    expect(page.locator(".fields dt")).to_have_text("summary (one line)")
-    expect(page.locator(".fields dd")).to_have_text("first draft")
+    expect(page.locator("#deliverable .fields dt")).to_have_text("summary (one line)")
+    expect(page.locator("#deliverable .fields dd")).to_have_text("first draft")
     expect(page.locator(".attempts > li")).to_have_count(1)
     expect(page.locator(".attempts .reply")).to_have_text('{"summary": "first draft"}')
     shot(page, "step", tmp_path)
@@ -447,6 +447,31 @@ def test_the_steps_list_and_a_step_page_decide_a_handoff(
     page.keyboard.press("Enter")
     expect(page.locator("#step-status")).to_have_text("completed", timeout=10_000)
     assert stack.http.get(f"/v1/steps/{sid}").json()["status"] == "completed"
+
+
+def test_a_step_page_renders_each_attempts_deliverable_from_its_schema(
+    stack: Stack, page: Page, drafter: str
+) -> None:
+    """A step revised once: each attempt's reply renders as the schema's fields (the first
+    draft, then the revision), each reply's raw text collapsed under it."""
+    sid = _handoff_step(stack.http, "Plan R")
+    body = {"decision": "revise", "feedback": "shorter please"}
+    assert stack.http.post(f"/v1/steps/{sid}/handoff", json=body).is_success
+    _wait_step(stack.http, sid, "awaiting_handoff", attempts=2)
+    page.goto(f"{stack.base}/ui/steps/{sid}")
+    attempts = page.locator(".attempts > li")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(1).locator("pre").first).to_contain_text("shorter please")
+    for n, text in ((0, "first draft"), (1, "short")):
+        expect(attempts.nth(n).locator(".fields dt")).to_have_text("summary (one line)")
+        expect(attempts.nth(n).locator(".fields dd")).to_have_text(text)
+        raw = attempts.nth(n).locator("details .reply")
+        expect(raw).to_be_hidden()
+        attempts.nth(n).get_by_text("Reply as sent").click()
+        expect(raw).to_have_text(f'{{"summary": "{text}"}}')
+        expect(raw).to_be_visible()
+    expect(page.locator("#deliverable .fields dd")).to_have_text("short")
+    assert stack.http.post(f"/v1/steps/{sid}/handoff", json={"decision": "approve"}).is_success
 
 
 def _audit_pages(stack: Stack, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -901,7 +926,7 @@ def test_a_step_page_shows_the_validation_error_fed_back(stack: Stack, page: Pag
     expect(attempts.nth(0).locator(".reply")).to_have_text('{"wrong": 1}')
     expect(attempts.nth(1).locator(".meta").first).to_have_text("Fed back to the agent")
     expect(attempts.nth(1).locator("pre").first).to_contain_text("'summary' is a required property")
-    expect(page.locator(".fields dd")).to_have_text("fixed")
+    expect(page.locator("#deliverable .fields dd")).to_have_text("fixed")
     session = _launch(stack.http, {"agent": "target", "prompt": "hi", "sync": True})
     page.goto(f"{stack.base}/ui/")
     row = page.locator(
