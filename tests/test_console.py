@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,44 @@ def _review_of(http: httpx.Client, sid: str) -> str:
         time.sleep(0.1)
 
 
+@contextmanager
+def _fresh_stack(temporal_env: WorkflowEnvironment, db: Path) -> Iterator[str]:
+    """A stack of its own (API + worker, nothing created yet) on the SQLite file ``db``;
+    yields its base URL."""
+    settings = Settings(
+        database_url=migrated(f"sqlite:///{db}"),
+        temporal_address=temporal_env.client.service_client.config.target_host,
+        task_queue=f"tq-{uuid.uuid4()}",
+    )
+    services = ServicesThread(settings, api_port=free_port())
+    services.start()
+    try:
+        yield services.api_url
+    finally:
+        services.stop()
+
+
+def test_the_inbox_and_the_steps_list_say_so_when_empty(
+    temporal_env: WorkflowEnvironment, page: Page, tmp_path: Path
+) -> None:
+    """On a stack with nothing yet, the inbox says nothing waits and nothing was resolved,
+    and the steps list says there are no steps and how to run one."""
+    with _fresh_stack(temporal_env, tmp_path / "empty.db") as base:
+        page.goto(f"{base}/ui/inbox")
+        expect(page.locator("#pending-count")).to_have_text("0")
+        expect(page.locator("#pending-empty")).to_be_visible()
+        expect(page.locator("#pending-empty")).to_have_text("Nothing is waiting for you.")
+        expect(page.locator("#recent-empty")).to_be_visible()
+        expect(page.locator("#recent-empty")).to_have_text("Nothing resolved yet.")
+        page.goto(f"{base}/ui/steps")
+        empty = page.locator("tbody .empty")
+        expect(empty).to_be_visible()
+        expect(empty).to_have_text(
+            'No steps yet. Run one with baton step AGENT "input" or POST /v1/steps.'
+        )
+        expect(page.locator("tbody tr[data-step]")).to_have_count(0)
+
+
 def test_approve_from_the_inbox_and_the_session_continues(
     stack: Stack, page: Page, tmp_path: Path
 ) -> None:
@@ -336,12 +375,11 @@ DRAFT_PLAYBOOK = [
 ]
 
 
-def _handoff_step(http: httpx.Client, text: str) -> str:
-    """Start a ``drafter`` step with a handoff and wait until it awaits the decision."""
-    resp = http.post(
-        "/v1/steps",
-        json={"agent": "drafter", "input": text, "output_schema": SUMMARY, "handoff": True},
-    )
+def _handoff_step(http: httpx.Client, text: str, **extra: Any) -> str:
+    """Start a ``drafter`` step with a handoff (``extra``: more fields of POST /v1/steps)
+    and wait until it awaits the decision."""
+    body = {"agent": "drafter", "input": text, "output_schema": SUMMARY, "handoff": True}
+    resp = http.post("/v1/steps", json={**body, **extra})
     assert resp.status_code == 202, resp.text
     sid = str(resp.json()["step_id"])
     _wait_step(http, sid, "awaiting_handoff")
@@ -474,6 +512,24 @@ def test_a_step_page_renders_each_attempts_deliverable_from_its_schema(
     assert stack.http.post(f"/v1/steps/{sid}/handoff", json={"decision": "approve"}).is_success
 
 
+def test_a_step_pages_handoff_counts_down_the_time_left_to_decide(
+    stack: Stack, page: Page, drafter: str
+) -> None:
+    """A step awaiting its handoff shows "Time left to decide" on its page, counting down
+    from the step's handoff timeout (10 minutes here) second by second."""
+    sid = _handoff_step(stack.http, "Plan T", handoff_timeout_s=600)
+    page.goto(f"{stack.base}/ui/steps/{sid}")
+    left = page.locator("#handoff").get_by_text("Time left to decide:")
+    expect(left).to_have_text(re.compile(r"^Time left to decide: [89]:[0-5]\d$"))
+    countdown = page.locator("#handoff .countdown")
+    first = countdown.inner_text()
+    expect(countdown).not_to_have_text(first)
+    minutes, seconds = (int(n) for n in countdown.inner_text().split(":"))
+    before = [int(n) for n in first.split(":")]
+    assert minutes * 60 + seconds < before[0] * 60 + before[1]
+    assert stack.http.post(f"/v1/steps/{sid}/handoff", json={"decision": "approve"}).is_success
+
+
 def _audit_pages(stack: Stack, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
     """caller-d's 3 audit rows, 1 a page: Older follows the API's cursor to the last page
     (no Older there), Newer walks back to the first (no Newer there); at 3 a page the one
@@ -599,6 +655,42 @@ def test_a_pending_card_links_the_callers_past_decisions_in_the_audit_log(
     _wait_status(stack.http, second, "idle")
 
 
+def test_the_audit_log_is_filtered_by_via(stack: Stack, page: Page) -> None:
+    """On the audit page, choosing a Via (with the caller) lists only that path's rows;
+    Via "any" lists them all again."""
+    from baton.permissions import reviews
+    from baton.storage.db import session_scope
+
+    _agent(stack.http, "caller-v", playbook=[{"reply": "unused"}])
+    with session_scope(stack.engine) as s:
+        for via, target in (("invoke", "target"), ("delegate_to", "checker"), ("route", "writer")):
+            reviews.add_audit(
+                s,
+                session_id="session-via",
+                caller="caller-v",
+                operation="invoke",
+                target=target,
+                outcome="block",
+                decided_by="policy",
+                via=via,
+            )
+    page.goto(f"{stack.base}/ui/audit")
+    page.get_by_label("Agent (caller)").select_option("caller-v")
+    page.get_by_role("button", name="Filter").click()
+    rows = page.locator("tbody tr[data-audit]")
+    expect(rows).to_have_count(3)
+    for via, target in (("delegate_to", "checker"), ("route", "writer")):
+        page.get_by_label("Via").select_option(via)
+        page.get_by_role("button", name="Filter").click()
+        expect(page).to_have_url(re.compile(rf"agent=caller-v&.*via={via}"))
+        expect(rows).to_have_count(1)
+        expect(rows.locator("td").nth(4)).to_have_text(via)
+        expect(rows.locator("td").nth(3)).to_have_text(target)
+    page.get_by_label("Via").select_option("")
+    page.get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(3)
+
+
 def _set_toggle(page: Page, base: str, caller: str, target: str, value: str) -> None:
     page.goto(f"{base}/ui/agents/{caller}/policies")
     page.get_by_label("Search agents by name or slug").fill(target)
@@ -687,6 +779,29 @@ def test_publish_a_draft_roll_back_and_the_next_session_runs_the_rolled_back_rev
     assert (resp.json()["version"], resp.json()["response"]) == (1, "v1 says hi")
     draft = stack.http.get("/v1/agents/versioned").json()["draft"]
     assert [rule["reply"] for rule in draft["playbook"]] == ["v2 says hi"]
+
+
+def test_the_agent_page_diffs_a_revision_against_the_draft(stack: Stack, page: Page) -> None:
+    """A revision's "diff with draft" link shows what the draft changed (the revision's
+    line removed, the draft's added); once the draft equals the revision the page says
+    there is no difference."""
+    _agent(stack.http, "drafty", playbook=[{"reply": "published words"}])
+    draft = {"playbook": [{"reply": "draft words"}]}
+    assert stack.http.put("/v1/agents/drafty/draft", json=draft).is_success
+    page.goto(f"{stack.base}/ui/agents/drafty")
+    page.locator('#revisions tr[data-version="1"]').get_by_role(
+        "link", name="diff with draft"
+    ).click()
+    page.wait_for_url(re.compile(r"/ui/agents/drafty\?a=1&b=draft#diff-h$"))
+    expect(page.get_by_label("From")).to_have_value("1")
+    expect(page.get_by_label("To")).to_have_value("draft")
+    expect(page.locator("#diff .d-del")).to_contain_text(["published words"])
+    expect(page.locator("#diff .d-add")).to_contain_text(["draft words"])
+    restored = stack.http.post("/v1/agents/drafty/restore", json={"version": 1})
+    assert restored.is_success, restored.text
+    page.reload()
+    expect(page.locator("#diff")).to_have_count(0)
+    expect(page.locator("#diff-same")).to_have_text("No difference between v1 and draft.")
 
 
 def test_the_team_page_shows_the_lead_members_and_routes(
