@@ -336,6 +336,7 @@ def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
     # Streaming: part of the member's reply is on the card before it completes.
     expect(checker.locator(".work")).to_contain_text("checking every", timeout=10_000)
     assert checker.locator(".state").inner_text() == "running"
+    shot(page, "session-team", tmp_path)  # mid-stream: the checker's card still filling
     expect(checker.locator(".state")).to_have_text("completed", timeout=15_000)
     expect(checker.locator(".work")).to_have_text(
         "checking every claim in the memo one by one now done CHECKED"
@@ -351,7 +352,6 @@ def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
     assert page.locator("#transcript .msg-tool details[open]").count() == 0
     expect(page.locator("#session-status")).to_have_text("idle", timeout=15_000)
     expect(page.locator("#transcript .msg-assistant").last).to_contain_text("SYNTH")
-    shot(page, "session-team", tmp_path)
 
     page.get_by_role("link", name="Trace").click()
     rows = page.locator(".trace-row")
@@ -1086,6 +1086,8 @@ def test_the_ambassador_panel_answers_and_its_draft_is_sent_as_a_user_turn(
             page.goto(f"{stack.base}/ui/sessions/{sid}")
             if name == "session-phone":
                 expect(page.locator("#thread [data-inquiry]")).to_have_count(1)
+                # The panel sits under the transcript on a phone: show the thread.
+                page.locator("#thread").scroll_into_view_if_needed()
                 shot(page, name, tmp_path)
                 continue
             page.get_by_label("Your question").fill("What did they decide?")
