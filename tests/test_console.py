@@ -938,6 +938,55 @@ def test_a_review_and_a_handoff_are_decided_by_keyboard_alone(
     _wait_status(stack.http, sid, "idle")
 
 
+def _tab_until(page: Page, selector: str, tabs: int = 300) -> None:
+    """Press Tab until the focused element matches ``selector``."""
+    for _ in range(tabs):
+        page.keyboard.press("Tab")
+        if page.evaluate("(s) => document.activeElement.matches(s)", selector):
+            return
+    pytest.fail(f"Tab never reached {selector}")
+
+
+def test_the_policies_page_and_the_draft_editor_work_by_keyboard_alone(
+    stack: Stack, page: Page
+) -> None:
+    """By keyboard alone: an arrow key moves a global toggle (a radio group) to Block, the
+    search box and a per-agent select are reached by Tab and changed by typing and an
+    arrow key, Enter on Save permissions saves them; in the draft editor, text typed into
+    the Spec and Space on Save draft save the draft through the API."""
+    _agent(stack.http, "keyed", playbook=[{"reply": "before keys"}])
+    page.goto(f"{stack.base}/ui/agents/keyed/policies")
+    _tab_until(page, 'input[name="global.list"]')
+    expect(page.locator('input[name="global.list"][value="review"]')).to_be_focused()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator('input[name="global.list"][value="block"]')).to_be_checked()
+    _tab_until(page, "#policy-search")
+    page.keyboard.type("target2")
+    expect(page.locator('tr[data-target="target"]')).to_be_hidden()
+    _tab_until(page, 'select[aria-label="Send messages to target2"]')
+    page.keyboard.press("ArrowDown")
+    expect(page.get_by_label("Send messages to target2", exact=True)).to_have_value("allow")
+    _tab_to(page, "#policies", "Save permissions")
+    page.keyboard.press("Enter")
+    expect(page.locator("#policy-saved")).to_have_text(
+        "Saved. The next call follows these permissions."
+    )
+    got = stack.http.get("/v1/agents/keyed/policies").json()
+    assert got["global"]["list"] == "block"
+    assert got["targets"] == {"target2": {"read": "review", "invoke": "allow"}}
+
+    page.goto(f"{stack.base}/ui/agents/keyed")
+    _tab_until(page, "#draft-text")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("playbook:\n- reply: typed by keys\n")
+    expect(page.get_by_label("Spec")).to_have_value("playbook:\n- reply: typed by keys\n")
+    _tab_to(page, "#draft-form", "Save draft")
+    page.keyboard.press("Space")
+    expect(page.locator("#agent-done")).to_have_text("Draft saved.")
+    draft = stack.http.get("/v1/agents/keyed").json()["draft"]
+    assert [rule["reply"] for rule in draft["playbook"]] == ["typed by keys"]
+
+
 def test_always_allow_from_a_card_shows_at_once_on_the_policies_page(
     stack: Stack, page: Page
 ) -> None:
