@@ -4,7 +4,6 @@ record the step's state (Xema Agent Concepts 'One Agent, two execution experienc
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -35,7 +34,6 @@ MAX_ERRORS = 10
 MAX_ERROR_CHARS = 300
 #: Room left in a result for its errors and field names beside the deliverable.
 RESULT_HEADROOM = 16 * 1024
-_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
 
 def _refused(error: str) -> DeliverableResult:
@@ -57,10 +55,8 @@ def parse_deliverable(text: str, schema: dict[str, Any] | None) -> DeliverableRe
         if json_bytes(text) > MAX_RESULT_BYTES - RESULT_HEADROOM:
             return _refused(f"the reply is larger than {MAX_RESULT_BYTES} bytes; shorten it")
         return DeliverableResult(ok=True, deliverable=text)
-    fenced = _FENCE.match(text)
-    raw = fenced.group(1) if fenced else text
     try:
-        value = json.loads(raw)
+        value = json.loads(deliverables.unfence(text))
     except RecursionError:
         return _refused(f"the reply nests deeper than {MAX_PAYLOAD_DEPTH} levels")
     except ValueError as exc:

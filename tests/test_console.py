@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,44 @@ def _review_of(http: httpx.Client, sid: str) -> str:
         time.sleep(0.1)
 
 
+@contextmanager
+def _fresh_stack(temporal_env: WorkflowEnvironment, db: Path) -> Iterator[str]:
+    """A stack of its own (API + worker, nothing created yet) on the SQLite file ``db``;
+    yields its base URL."""
+    settings = Settings(
+        database_url=migrated(f"sqlite:///{db}"),
+        temporal_address=temporal_env.client.service_client.config.target_host,
+        task_queue=f"tq-{uuid.uuid4()}",
+    )
+    services = ServicesThread(settings, api_port=free_port())
+    services.start()
+    try:
+        yield services.api_url
+    finally:
+        services.stop()
+
+
+def test_the_inbox_and_the_steps_list_say_so_when_empty(
+    temporal_env: WorkflowEnvironment, page: Page, tmp_path: Path
+) -> None:
+    """On a stack with nothing yet, the inbox says nothing waits and nothing was resolved,
+    and the steps list says there are no steps and how to run one."""
+    with _fresh_stack(temporal_env, tmp_path / "empty.db") as base:
+        page.goto(f"{base}/ui/inbox")
+        expect(page.locator("#pending-count")).to_have_text("0")
+        expect(page.locator("#pending-empty")).to_be_visible()
+        expect(page.locator("#pending-empty")).to_have_text("Nothing is waiting for you.")
+        expect(page.locator("#recent-empty")).to_be_visible()
+        expect(page.locator("#recent-empty")).to_have_text("Nothing resolved yet.")
+        page.goto(f"{base}/ui/steps")
+        empty = page.locator("tbody .empty")
+        expect(empty).to_be_visible()
+        expect(empty).to_have_text(
+            'No steps yet. Run one with baton step AGENT "input" or POST /v1/steps.'
+        )
+        expect(page.locator("tbody tr[data-step]")).to_have_count(0)
+
+
 def test_approve_from_the_inbox_and_the_session_continues(
     stack: Stack, page: Page, tmp_path: Path
 ) -> None:
@@ -297,6 +336,7 @@ def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
     # Streaming: part of the member's reply is on the card before it completes.
     expect(checker.locator(".work")).to_contain_text("checking every", timeout=10_000)
     assert checker.locator(".state").inner_text() == "running"
+    shot(page, "session-team", tmp_path)  # mid-stream: the checker's card still filling
     expect(checker.locator(".state")).to_have_text("completed", timeout=15_000)
     expect(checker.locator(".work")).to_have_text(
         "checking every claim in the memo one by one now done CHECKED"
@@ -312,7 +352,6 @@ def test_team_run_delegation_cards_stream_and_the_trace_shows_each_step(
     assert page.locator("#transcript .msg-tool details[open]").count() == 0
     expect(page.locator("#session-status")).to_have_text("idle", timeout=15_000)
     expect(page.locator("#transcript .msg-assistant").last).to_contain_text("SYNTH")
-    shot(page, "session-team", tmp_path)
 
     page.get_by_role("link", name="Trace").click()
     rows = page.locator(".trace-row")
@@ -336,12 +375,11 @@ DRAFT_PLAYBOOK = [
 ]
 
 
-def _handoff_step(http: httpx.Client, text: str) -> str:
-    """Start a ``drafter`` step with a handoff and wait until it awaits the decision."""
-    resp = http.post(
-        "/v1/steps",
-        json={"agent": "drafter", "input": text, "output_schema": SUMMARY, "handoff": True},
-    )
+def _handoff_step(http: httpx.Client, text: str, **extra: Any) -> str:
+    """Start a ``drafter`` step with a handoff (``extra``: more fields of POST /v1/steps)
+    and wait until it awaits the decision."""
+    body = {"agent": "drafter", "input": text, "output_schema": SUMMARY, "handoff": True}
+    resp = http.post("/v1/steps", json={**body, **extra})
     assert resp.status_code == 202, resp.text
     sid = str(resp.json()["step_id"])
     _wait_step(http, sid, "awaiting_handoff")
@@ -432,8 +470,8 @@ def test_the_steps_list_and_a_step_page_decide_a_handoff(
     expect(row.locator(".countdown")).to_have_text(re.compile(r"^23h 5\dm$"))
     row.get_by_role("link", name="Plan D").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Plan D")
-    expect(page.locator(".fields dt")).to_have_text("summary (one line)")
-    expect(page.locator(".fields dd")).to_have_text("first draft")
+    expect(page.locator("#deliverable .fields dt")).to_have_text("summary (one line)")
+    expect(page.locator("#deliverable .fields dd")).to_have_text("first draft")
     expect(page.locator(".attempts > li")).to_have_count(1)
     expect(page.locator(".attempts .reply")).to_have_text('{"summary": "first draft"}')
     shot(page, "step", tmp_path)
@@ -447,6 +485,49 @@ def test_the_steps_list_and_a_step_page_decide_a_handoff(
     page.keyboard.press("Enter")
     expect(page.locator("#step-status")).to_have_text("completed", timeout=10_000)
     assert stack.http.get(f"/v1/steps/{sid}").json()["status"] == "completed"
+
+
+def test_a_step_page_renders_each_attempts_deliverable_from_its_schema(
+    stack: Stack, page: Page, drafter: str
+) -> None:
+    """A step revised once: each attempt's reply renders as the schema's fields (the first
+    draft, then the revision), each reply's raw text collapsed under it."""
+    sid = _handoff_step(stack.http, "Plan R")
+    body = {"decision": "revise", "feedback": "shorter please"}
+    assert stack.http.post(f"/v1/steps/{sid}/handoff", json=body).is_success
+    _wait_step(stack.http, sid, "awaiting_handoff", attempts=2)
+    page.goto(f"{stack.base}/ui/steps/{sid}")
+    attempts = page.locator(".attempts > li")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(1).locator("pre").first).to_contain_text("shorter please")
+    for n, text in ((0, "first draft"), (1, "short")):
+        expect(attempts.nth(n).locator(".fields dt")).to_have_text("summary (one line)")
+        expect(attempts.nth(n).locator(".fields dd")).to_have_text(text)
+        raw = attempts.nth(n).locator("details .reply")
+        expect(raw).to_be_hidden()
+        attempts.nth(n).get_by_text("Reply as sent").click()
+        expect(raw).to_have_text(f'{{"summary": "{text}"}}')
+        expect(raw).to_be_visible()
+    expect(page.locator("#deliverable .fields dd")).to_have_text("short")
+    assert stack.http.post(f"/v1/steps/{sid}/handoff", json={"decision": "approve"}).is_success
+
+
+def test_a_step_pages_handoff_counts_down_the_time_left_to_decide(
+    stack: Stack, page: Page, drafter: str
+) -> None:
+    """A step awaiting its handoff shows "Time left to decide" on its page, counting down
+    from the step's handoff timeout (10 minutes here) second by second."""
+    sid = _handoff_step(stack.http, "Plan T", handoff_timeout_s=600)
+    page.goto(f"{stack.base}/ui/steps/{sid}")
+    left = page.locator("#handoff").get_by_text("Time left to decide:")
+    expect(left).to_have_text(re.compile(r"^Time left to decide: [89]:[0-5]\d$"))
+    countdown = page.locator("#handoff .countdown")
+    first = countdown.inner_text()
+    expect(countdown).not_to_have_text(first)
+    minutes, seconds = (int(n) for n in countdown.inner_text().split(":"))
+    before = [int(n) for n in first.split(":")]
+    assert minutes * 60 + seconds < before[0] * 60 + before[1]
+    assert stack.http.post(f"/v1/steps/{sid}/handoff", json={"decision": "approve"}).is_success
 
 
 def _audit_pages(stack: Stack, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -574,6 +655,42 @@ def test_a_pending_card_links_the_callers_past_decisions_in_the_audit_log(
     _wait_status(stack.http, second, "idle")
 
 
+def test_the_audit_log_is_filtered_by_via(stack: Stack, page: Page) -> None:
+    """On the audit page, choosing a Via (with the caller) lists only that path's rows;
+    Via "any" lists them all again."""
+    from baton.permissions import reviews
+    from baton.storage.db import session_scope
+
+    _agent(stack.http, "caller-v", playbook=[{"reply": "unused"}])
+    with session_scope(stack.engine) as s:
+        for via, target in (("invoke", "target"), ("delegate_to", "checker"), ("route", "writer")):
+            reviews.add_audit(
+                s,
+                session_id="session-via",
+                caller="caller-v",
+                operation="invoke",
+                target=target,
+                outcome="block",
+                decided_by="policy",
+                via=via,
+            )
+    page.goto(f"{stack.base}/ui/audit")
+    page.get_by_label("Agent (caller)").select_option("caller-v")
+    page.get_by_role("button", name="Filter").click()
+    rows = page.locator("tbody tr[data-audit]")
+    expect(rows).to_have_count(3)
+    for via, target in (("delegate_to", "checker"), ("route", "writer")):
+        page.get_by_label("Via").select_option(via)
+        page.get_by_role("button", name="Filter").click()
+        expect(page).to_have_url(re.compile(rf"agent=caller-v&.*via={via}"))
+        expect(rows).to_have_count(1)
+        expect(rows.locator("td").nth(4)).to_have_text(via)
+        expect(rows.locator("td").nth(3)).to_have_text(target)
+    page.get_by_label("Via").select_option("")
+    page.get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(3)
+
+
 def _set_toggle(page: Page, base: str, caller: str, target: str, value: str) -> None:
     page.goto(f"{base}/ui/agents/{caller}/policies")
     page.get_by_label("Search agents by name or slug").fill(target)
@@ -662,6 +779,29 @@ def test_publish_a_draft_roll_back_and_the_next_session_runs_the_rolled_back_rev
     assert (resp.json()["version"], resp.json()["response"]) == (1, "v1 says hi")
     draft = stack.http.get("/v1/agents/versioned").json()["draft"]
     assert [rule["reply"] for rule in draft["playbook"]] == ["v2 says hi"]
+
+
+def test_the_agent_page_diffs_a_revision_against_the_draft(stack: Stack, page: Page) -> None:
+    """A revision's "diff with draft" link shows what the draft changed (the revision's
+    line removed, the draft's added); once the draft equals the revision the page says
+    there is no difference."""
+    _agent(stack.http, "drafty", playbook=[{"reply": "published words"}])
+    draft = {"playbook": [{"reply": "draft words"}]}
+    assert stack.http.put("/v1/agents/drafty/draft", json=draft).is_success
+    page.goto(f"{stack.base}/ui/agents/drafty")
+    page.locator('#revisions tr[data-version="1"]').get_by_role(
+        "link", name="diff with draft"
+    ).click()
+    page.wait_for_url(re.compile(r"/ui/agents/drafty\?a=1&b=draft#diff-h$"))
+    expect(page.get_by_label("From")).to_have_value("1")
+    expect(page.get_by_label("To")).to_have_value("draft")
+    expect(page.locator("#diff .d-del")).to_contain_text(["published words"])
+    expect(page.locator("#diff .d-add")).to_contain_text(["draft words"])
+    restored = stack.http.post("/v1/agents/drafty/restore", json={"version": 1})
+    assert restored.is_success, restored.text
+    page.reload()
+    expect(page.locator("#diff")).to_have_count(0)
+    expect(page.locator("#diff-same")).to_have_text("No difference between v1 and draft.")
 
 
 def test_the_team_page_shows_the_lead_members_and_routes(
@@ -798,6 +938,55 @@ def test_a_review_and_a_handoff_are_decided_by_keyboard_alone(
     _wait_status(stack.http, sid, "idle")
 
 
+def _tab_until(page: Page, selector: str, tabs: int = 300) -> None:
+    """Press Tab until the focused element matches ``selector``."""
+    for _ in range(tabs):
+        page.keyboard.press("Tab")
+        if page.evaluate("(s) => document.activeElement.matches(s)", selector):
+            return
+    pytest.fail(f"Tab never reached {selector}")
+
+
+def test_the_policies_page_and_the_draft_editor_work_by_keyboard_alone(
+    stack: Stack, page: Page
+) -> None:
+    """By keyboard alone: an arrow key moves a global toggle (a radio group) to Block, the
+    search box and a per-agent select are reached by Tab and changed by typing and an
+    arrow key, Enter on Save permissions saves them; in the draft editor, text typed into
+    the Spec and Space on Save draft save the draft through the API."""
+    _agent(stack.http, "keyed", playbook=[{"reply": "before keys"}])
+    page.goto(f"{stack.base}/ui/agents/keyed/policies")
+    _tab_until(page, 'input[name="global.list"]')
+    expect(page.locator('input[name="global.list"][value="review"]')).to_be_focused()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator('input[name="global.list"][value="block"]')).to_be_checked()
+    _tab_until(page, "#policy-search")
+    page.keyboard.type("target2")
+    expect(page.locator('tr[data-target="target"]')).to_be_hidden()
+    _tab_until(page, 'select[aria-label="Send messages to target2"]')
+    page.keyboard.press("ArrowDown")
+    expect(page.get_by_label("Send messages to target2", exact=True)).to_have_value("allow")
+    _tab_to(page, "#policies", "Save permissions")
+    page.keyboard.press("Enter")
+    expect(page.locator("#policy-saved")).to_have_text(
+        "Saved. The next call follows these permissions."
+    )
+    got = stack.http.get("/v1/agents/keyed/policies").json()
+    assert got["global"]["list"] == "block"
+    assert got["targets"] == {"target2": {"read": "review", "invoke": "allow"}}
+
+    page.goto(f"{stack.base}/ui/agents/keyed")
+    _tab_until(page, "#draft-text")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("playbook:\n- reply: typed by keys\n")
+    expect(page.get_by_label("Spec")).to_have_value("playbook:\n- reply: typed by keys\n")
+    _tab_to(page, "#draft-form", "Save draft")
+    page.keyboard.press("Space")
+    expect(page.locator("#agent-done")).to_have_text("Draft saved.")
+    draft = stack.http.get("/v1/agents/keyed").json()["draft"]
+    assert [rule["reply"] for rule in draft["playbook"]] == ["typed by keys"]
+
+
 def test_always_allow_from_a_card_shows_at_once_on_the_policies_page(
     stack: Stack, page: Page
 ) -> None:
@@ -901,7 +1090,7 @@ def test_a_step_page_shows_the_validation_error_fed_back(stack: Stack, page: Pag
     expect(attempts.nth(0).locator(".reply")).to_have_text('{"wrong": 1}')
     expect(attempts.nth(1).locator(".meta").first).to_have_text("Fed back to the agent")
     expect(attempts.nth(1).locator("pre").first).to_contain_text("'summary' is a required property")
-    expect(page.locator(".fields dd")).to_have_text("fixed")
+    expect(page.locator("#deliverable .fields dd")).to_have_text("fixed")
     session = _launch(stack.http, {"agent": "target", "prompt": "hi", "sync": True})
     page.goto(f"{stack.base}/ui/")
     row = page.locator(
@@ -946,6 +1135,8 @@ def test_the_ambassador_panel_answers_and_its_draft_is_sent_as_a_user_turn(
             page.goto(f"{stack.base}/ui/sessions/{sid}")
             if name == "session-phone":
                 expect(page.locator("#thread [data-inquiry]")).to_have_count(1)
+                # The panel sits under the transcript on a phone: show the thread.
+                page.locator("#thread").scroll_into_view_if_needed()
                 shot(page, name, tmp_path)
                 continue
             page.get_by_label("Your question").fill("What did they decide?")

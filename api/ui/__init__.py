@@ -343,8 +343,9 @@ async def steps_page(request: Request, caller: UiCaller) -> HTMLResponse:
 
 @router.get("/steps/{step_id}", response_class=HTMLResponse)
 async def step_page(request: Request, step_id: str, caller: UiCaller) -> HTMLResponse:
-    """A step: its input and schema, each attempt (prompt fed back, replies), the
-    deliverable rendered from the schema, the error, and the handoff with time left.
+    """A step: its input and schema, each attempt (the prompt fed back, its replies, the
+    last rendered from the schema), the deliverable rendered from the schema, the error,
+    and the handoff with time left.
     404 ``step_not_found``, 403 without the viewer role (the API's own checks)."""
 
     def read() -> tuple[dict[str, Any], StepRow, list[dict[str, Any]]]:
@@ -367,7 +368,7 @@ async def step_page(request: Request, step_id: str, caller: UiCaller) -> HTMLRes
         schema=json.dumps(row.output_schema, indent=2) if row.output_schema else None,
         fields=ui_steps.deliverable_fields(row.output_schema, row.deliverable),
         deliverable_json=json.dumps(row.deliverable, indent=2, ensure_ascii=False),
-        attempts=ui_steps.attempts_view(messages),
+        attempts=ui_steps.attempts_view(messages, row.output_schema),
     )
 
 

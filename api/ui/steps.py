@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 from api.deps import Caller
 from api.routers.steps import step_public
 from baton.evals import replay
+from baton.runs import deliverables
 from baton.storage.db import StepRow
 
 #: Pending handoffs the inbox lists at most, oldest first (the nearest deadline first).
@@ -159,10 +160,26 @@ def deliverable_fields(schema: Any, value: Any) -> list[dict[str, str]] | None:
     return fields
 
 
-def attempts_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def reply_fields(text: str, schema: Any) -> list[dict[str, str]] | None:
+    """A reply read as the step reads it (JSON, a code fence allowed) and rendered as
+    :func:`deliverable_fields`; None without a schema or when the reply is not a JSON
+    object (the page then shows the reply's text). Not validated: a reply the schema
+    refused still renders, and the next attempt shows the errors fed back."""
+    if not isinstance(schema, dict):
+        return None
+    try:
+        value = json.loads(deliverables.unfence(text))
+    except (ValueError, RecursionError):
+        return None
+    return deliverable_fields(schema, value)
+
+
+def attempts_view(messages: list[dict[str, Any]], schema: Any = None) -> list[dict[str, Any]]:
     """The step's transcript grouped by attempt: each user message opens one (the input,
     then what was fed back: the validation errors or the reviewer's revision note), with
-    the agent's replies after it. ``[{n, prompt, replies: [text]}]``."""
+    the agent's replies after it. ``[{n, prompt, replies: [text], fields}]``: ``fields``
+    is the attempt's last reply (the one the step checks) rendered from ``schema`` by
+    :func:`reply_fields`, or None."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "user" or not out:
@@ -172,4 +189,7 @@ def attempts_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
         if m["role"] == "assistant" and m["text"]:
             out[-1]["replies"].append(m["text"])
+    for attempt in out:
+        replies = attempt["replies"]
+        attempt["fields"] = reply_fields(replies[-1], schema) if replies else None
     return out

@@ -16,6 +16,7 @@ Pure and I/O-free.
 from __future__ import annotations
 
 import contextvars
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,8 @@ PATTERN_TIMEOUT_S = 0.1
 PATTERNS_BUDGET_S = 1.0
 #: Longest value quoted in a validation error (the model wrote it; it needs only a glimpse).
 QUOTE_CHARS = 80
+#: A reply that is one fenced code block (```json … ``` or ``` … ```): its content is the JSON.
+_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.S)
 
 
 class InvalidSchema(BatonError):
@@ -56,6 +59,14 @@ class InvalidEdit(BatonError):
 
 
 _deadline: contextvars.ContextVar[float] = contextvars.ContextVar("pattern_deadline")
+
+
+def unfence(text: str) -> str:
+    """The JSON text of a reply: the content of its code fence when the whole reply is
+    one fenced block, else the reply itself (the step's check and the console's rendering
+    of each attempt read a reply the same way)."""
+    fenced = _FENCE.match(text)
+    return fenced.group(1) if fenced else text
 
 
 def _quote(value: str) -> str:
