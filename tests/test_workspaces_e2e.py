@@ -3,20 +3,26 @@
 An agent writes a file and the person downloads it; a person attaches one and the agent and
 the event stream hear of it; shareable and isolated subagents see and do not see their
 caller's files; bad paths, sizes, types and quotas are 4xx problems; a 20 MB file passes
-between activities of two sessions without entering a Temporal payload."""
+between activities of two sessions, and a file of megabytes an agent writes reaches the
+store, without entering a Temporal payload."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from pydantic_ai.messages import ModelMessage, ToolReturnPart
+from pydantic_ai.models import Model
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
+import activities.turns as session_activities
+import baton.providers.models
 from cli import app
 from tests.conftest import live_stack
 from tests.test_api_agents import assert_problem
@@ -311,6 +317,60 @@ async def test_a_20_mb_file_passes_between_activities_without_entering_a_payload
         largest, whole = await _history_sizes(temporal_env, workflow_id)
         assert largest < MAX_EVENT_BYTES, (workflow_id, largest)
         assert whole < 1024 * 1024, (workflow_id, whole)
+
+
+#: 6 MiB of text written through write_file: over ten times one activity result's bound
+#: (baton.payloads.MAX_RESULT_BYTES).
+WRITTEN = ("0123456789abcdef" * (6 * 1024 * 1024 // 16))[:-6] + "THEEND"
+#: The largest a history event of the writing session may be (bytes).
+MAX_WRITE_EVENT_BYTES = 8 * 1024
+
+
+@pytest.fixture
+def big_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model of agent ``big-writer`` writes WRITTEN to big.txt through write_file, then
+    answers with the tool's result (a playbook cannot carry 6 MiB without it entering the
+    agent's snapshot); every other agent is scripted."""
+    original = baton.providers.models.build_model
+
+    def build(name: str, *, playbook: list[dict[str, Any]] | None, agent_slug: str) -> Model:
+        if agent_slug != "big-writer":
+            return original(name, playbook=playbook, agent_slug=agent_slug)
+
+        async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+            if len(messages) > 1:
+                last = messages[-1].parts[-1]
+                yield f"DONE {last.content if isinstance(last, ToolReturnPart) else ''}"
+                return
+            args = json.dumps({"path": "big.txt", "content": WRITTEN})
+            calls: DeltaToolCalls = {
+                0: DeltaToolCall(name="write_file", json_args=args, tool_call_id="big")
+            }
+            yield calls
+
+        return FunctionModel(stream_function=stream, model_name="scripted:big-writer")
+
+    monkeypatch.setattr(session_activities, "build_model", build)
+
+
+async def test_a_file_of_megabytes_written_by_the_agent_never_enters_a_payload(
+    live_api: httpx.Client, temporal_env: WorkflowEnvironment, big_writer: None
+) -> None:
+    """An agent's write_file of 6 MiB stores the whole file while no event of the session's
+    history carries more than 8 KiB: the workflow carries a claim-check, the activity reads
+    the stored reply."""
+    agent(live_api, "big-writer", playbook=[{"reply": "unused"}])
+    body = start(live_api, "big-writer", "write it")
+    sid, answer = body["session_id"], body["response"]
+    assert answer.startswith("DONE") and f'"size": {len(WRITTEN)}' in answer, answer
+    got = live_api.get(f"/v1/sessions/{sid}/files/big.txt")
+    assert got.status_code == 200 and got.content == WRITTEN.encode()
+    transcript = live_api.get(f"/v1/sessions/{sid}/transcript").json()["messages"]
+    (tool,) = [m for m in transcript if m.get("tool_name") == "write_file"]
+    assert f"({len(WRITTEN) + 2} bytes, claim-checked)" in tool["tool_input"]
+    largest, whole = await _history_sizes(temporal_env, sid)
+    assert largest < MAX_WRITE_EVENT_BYTES, largest
+    assert whole < 64 * 1024, whole
 
 
 def test_cli_lists_gets_and_puts_files(live_api: httpx.Client, tmp_path: Path) -> None:
