@@ -1,10 +1,11 @@
 """Session workspaces end to end: uvicorn + real worker + Temporal dev server + SQLite file.
 
 An agent writes a file and the person downloads it; a person attaches one and the agent and
-the event stream hear of it; shareable and isolated subagents see and do not see their
-caller's files; bad paths, sizes, types and quotas are 4xx problems; a 20 MB file passes
-between activities of two sessions, and a file of megabytes an agent writes reaches the
-store, without entering a Temporal payload."""
+the event stream hear of it; shareable and isolated subagents and delegate_to targets see
+and do not see their caller's files, an invoke_agent target works in its own; bad paths,
+sizes, types and quotas are 4xx problems; a 20 MB file passes between activities of two
+sessions, and a file of megabytes an agent writes reaches the store, without entering a
+Temporal payload."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typer.testing import CliRunner, Result
 
 import activities.turns as session_activities
 import baton.providers.models
+from baton.agents import roster
 from cli import app
 from tests.conftest import live_stack
 from tests.test_api_agents import assert_problem
@@ -131,6 +133,84 @@ def test_shareable_subagent_sees_its_callers_files_and_isolated_does_not(
     assert got.headers["content-type"].startswith("text/plain")
     assert got.headers["content-disposition"].startswith('attachment; filename="notes.txt"')
     assert got.headers["x-content-type-options"] == "nosniff"
+
+
+#: What makes an agent a delegate_to target.
+DELEGABLE = {"available_for_delegation": True, "delegation_hint": "reads the notes"}
+
+
+def test_a_shareable_delegate_to_target_sees_its_callers_files_and_an_isolated_one_does_not(
+    live_api: httpx.Client,
+) -> None:
+    """The lead writes notes.txt and delegates to two teammates: the shareable one reads it
+    in the lead's workspace, the isolated one gets file_not_found in its own empty one."""
+    reader(live_api, "sharer", "notes.txt", workspace_sharing="shareable", delegation=DELEGABLE)
+    reader(live_api, "loner", "notes.txt", delegation=DELEGABLE)  # isolated: the default
+    agent(
+        live_api,
+        "lead",
+        playbook=[
+            {"when": "delegate_to:", "reply": "{last_message}"},
+            {
+                "when": "write_file:",
+                "reply": "Delegating.",
+                "tool_calls": [
+                    call("delegate_to", agent_id="sharer", task="read the notes"),
+                    call("delegate_to", agent_id="loner", task="read the notes"),
+                ],
+            },
+            {
+                "reply": "Writing.",
+                "tool_calls": [call("write_file", path="notes.txt", content="the secret is 42")],
+            },
+        ],
+    )
+    roster.clear_cache()  # the delegation roster the in-process worker reads
+    body = start(live_api, "lead", "go")
+    sid, answer = body["session_id"], body["response"]
+    assert answer.count("the secret is 42") == 1, answer
+    assert "file_not_found" in answer, answer
+    shared, alone = child_of(live_api, "sharer"), child_of(live_api, "loner")
+    assert files(live_api, sid) == ["notes.txt"]
+    assert files(live_api, shared) == ["notes.txt"]  # the caller's workspace
+    assert files(live_api, alone) == []  # its own
+
+
+def test_an_invoke_agent_target_works_in_its_own_workspace_even_when_shareable(
+    live_api: httpx.Client,
+) -> None:
+    """A caller writes notes.txt and invokes a shareable agent: the invoked session reads
+    in a workspace of its own (file_not_found) and lists no files."""
+    reader(live_api, "peer", "notes.txt", workspace_sharing="shareable")
+    agent(
+        live_api,
+        "caller",
+        playbook=[
+            {"when": "invoke_agent:", "reply": "{last_message}"},
+            {
+                "when": "write_file:",
+                "reply": "Invoking.",
+                "tool_calls": [
+                    call("invoke_agent", slug="peer", prompt="read the notes", sync=True)
+                ],
+            },
+            {
+                "reply": "Writing.",
+                "tool_calls": [call("write_file", path="notes.txt", content="the secret is 42")],
+            },
+        ],
+    )
+    allowed = live_api.put(
+        "/v1/agents/caller/policies", json={"targets": {"peer": {"invoke": "allow"}}}
+    )
+    assert allowed.status_code == 200, allowed.text
+    body = start(live_api, "caller", "go")
+    sid, answer = body["session_id"], body["response"]
+    assert '"status": "completed"' in answer and "file_not_found" in answer, answer
+    assert "the secret is 42" not in answer, answer
+    invoked = child_of(live_api, "peer")
+    assert files(live_api, sid) == ["notes.txt"]
+    assert files(live_api, invoked) == []  # its own, whatever the target says
 
 
 def _events_until(api: httpx.Client, sid: str, kind: str) -> list[dict[str, Any]]:
