@@ -19,6 +19,7 @@ from sqlmodel import Session
 from temporalio import activity
 
 from baton.contracts.activity_io import ToolInput, ToolMessage, ToolOutcome
+from baton.contracts.tool_args import CLAIM_CHECK
 from baton.runs import run_tree, session_store
 
 #: Characters of a result kept in the ToolOutcome the workflow sees (the full text is in
@@ -163,3 +164,19 @@ def store_call_result(
     return store_result(
         s, call_message(inp), text, ok=ok, duration_ms=duration_ms, tool_args=tool_args
     )
+
+
+def claimed_args(s: Session, inp: ToolInput) -> dict[str, Any]:
+    """The whole arguments of a claim-checked call (``present_exhibit``, ``write_file``:
+    :data:`~baton.contracts.tool_args.CLAIM_CHECKED`): those its assistant message stored,
+    found by the claim-check id and the call's id and name in this session, else the
+    arguments as they came (a check of them names what is wrong; a call recorded before
+    its tool was claim-checked carries them whole)."""
+    ref = inp.call.args.get(CLAIM_CHECK)
+    row = session_store.get_message(s, message_id=ref) if isinstance(ref, str) else None
+    if row is None or row.session_id != inp.session_id:
+        return inp.call.args
+    for call in row.tool_calls or []:
+        if call.get("id") == inp.call.id and call.get("name") == inp.call.name:
+            return dict(call.get("args") or {})
+    return inp.call.args

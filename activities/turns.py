@@ -48,6 +48,7 @@ from activities.outcomes import (
     PREVIEW_CHARS,
     call_message,
     cancelled_outcome,
+    claimed_args,
     heartbeating,
     heartbeating_thread,
     store_call_result,
@@ -76,7 +77,7 @@ from baton.contracts.activity_io import (
 )
 from baton.contracts.codes import BALANCE_EXHAUSTED, LIMIT_EXCEEDED
 from baton.contracts.tool_args import (
-    CLAIM_CHECK,
+    CLAIM_CHECKED,
     PRESENT_EXHIBIT,
     claim_checked,
     compact_exhibit_args,
@@ -782,9 +783,10 @@ class SessionActivities:
                 if isinstance(p, ToolCallPart)
             ]
             calls = workflow_calls(made, inp.assistant_message_id)
-            # The reply keeps an exhibit's whole arguments (what the claim-check names).
+            # The reply keeps a claim-checked call's whole arguments (what the claim-check
+            # names: an exhibit's, a written file's content).
             pairs = zip(made, calls, strict=True)
-            stored = [m if m.name == PRESENT_EXHIBIT else c for m, c in pairs]
+            stored = [m if m.name in CLAIM_CHECKED else c for m, c in pairs]
             usage = reply_usage(response, inp.prices, name, started)
             await self._in_db(
                 self._persist, inp, text, stored, usage, stream.buffer, info.attempt, name
@@ -869,7 +871,7 @@ class SessionActivities:
         ``present_exhibit`` turn are written in one transaction. Arguments that cannot be
         shown are the model's tool error, and nothing else is written."""
         with session_scope(self._engine) as s:
-            args = _claimed_args(s, inp)
+            args = claimed_args(s, inp)
             try:
                 built = exhibits.build(args, self._exhibit_limits)
                 built = exhibits.of_file(built, s, self._workspaces, inp.session_id)
@@ -930,20 +932,6 @@ class SessionActivities:
             if inp.status in CLOSED_STATUSES:
                 run_tree.release_tokens(s, session_id=inp.session_id)
                 _cancel_reviews(s, inp.session_id, inp.status)
-
-
-def _claimed_args(s: Session, inp: ToolInput) -> dict[str, Any]:
-    """The whole arguments of a ``present_exhibit`` call: those its assistant message
-    stored, found by the claim-check id and the call id in this session, else the
-    arguments as they came (a check of them names what is wrong)."""
-    ref = inp.call.args.get(CLAIM_CHECK)
-    row = session_store.get_message(s, message_id=ref) if isinstance(ref, str) else None
-    if row is None or row.session_id != inp.session_id:
-        return inp.call.args
-    for call in row.tool_calls or []:
-        if call.get("id") == inp.call.id and call.get("name") == PRESENT_EXHIBIT:
-            return dict(call.get("args") or {})
-    return inp.call.args
 
 
 def _cancel_reviews(s: Session, session_id: str, status: str) -> None:

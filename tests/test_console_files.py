@@ -1,10 +1,12 @@
 """The session page's files panel (docs/workspaces.md, docs/console.md) in Debian's chromium
 via Playwright against the real API + worker + dev server: what the agent wrote is listed
 and downloads as an attachment; a file attached from the page reaches the workspace and the
-transcript."""
+transcript; workspace files the agent presents show as an image card (a PNG) and a
+download link (a markdown file)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from playwright.sync_api import FilePayload, Page, expect
@@ -19,6 +21,7 @@ from tests.test_console import (  # noqa: F401  (the fixtures)
     shot,
     stack,
 )
+from tests.test_exhibits import b64, png
 
 
 def test_the_files_panel_lists_downloads_and_attaches(
@@ -69,3 +72,67 @@ def test_the_files_panel_lists_downloads_and_attaches(
     listed = [f["path"] for f in stack.http.get(f"/v1/sessions/{sid}/files").json()["data"]]
     assert listed == ["data.csv", "out/report.md", "x.svg"]
     shot(page, "session-files", tmp_path)
+
+
+def test_presented_workspace_files_show_as_an_image_and_a_download_link(
+    stack: Stack,  # noqa: F811  (the fixture imported above)
+    page: Page,  # noqa: F811
+) -> None:
+    """An agent writes a PNG and a .md file to its workspace and presents both as kind
+    file: the PNG shows as an image (blob: from the files API), the .md as a download link
+    to the file that downloads its bytes."""
+    raw, notes = png(5, 3), "# Notes\n\n*kept*\n"
+    _agent(
+        stack.http,
+        "framer",
+        playbook=[
+            {"when": "^present_exhibit: ", "reply": "Shown."},
+            {
+                "when": "^write_file: ",
+                "reply": "Presenting.",
+                "tool_calls": [
+                    {
+                        "tool": "present_exhibit",
+                        "args": {"kind": "file", "title": "Plot", "path": "out/plot.png"},
+                    },
+                    {
+                        "tool": "present_exhibit",
+                        "args": {"kind": "file", "title": "Notes", "path": "out/notes.md"},
+                    },
+                ],
+            },
+            {
+                "reply": "Writing.",
+                "tool_calls": [
+                    {
+                        "tool": "write_file",
+                        "args": {"path": "out/plot.png", "content": b64(raw), "encoding": "base64"},
+                    },
+                    {"tool": "write_file", "args": {"path": "out/notes.md", "content": notes}},
+                ],
+            },
+        ],
+    )
+    sid = _launch(stack.http, {"agent": "framer", "prompt": "draw", "sync": True})
+    _wait_status(stack.http, sid, "idle")
+    page.goto(f"{stack.base}/ui/sessions/{sid}")
+
+    plot = page.locator('article.exhibit-file[aria-label="Exhibit: Plot"]')
+    expect(plot.locator("img.exhibit-image")).to_have_attribute("src", re.compile(r"^blob:"))
+    expect(plot.locator("a.exhibit-download")).to_have_count(0)
+    page.wait_for_function(
+        "() => { const i = document.querySelector('article.exhibit-file img.exhibit-image'); "
+        "return i && i.complete && i.naturalWidth === 5 && i.naturalHeight === 3; }"
+    )
+
+    card = page.locator('article.exhibit-file[aria-label="Exhibit: Notes"]')
+    expect(card.locator("img")).to_have_count(0)
+    link = card.locator("a.exhibit-download")
+    expect(link).to_have_attribute("href", f"/v1/sessions/{sid}/files/out/notes.md")
+    expect(link).to_have_attribute("download", "notes.md")
+    expect(link).to_contain_text("text/markdown")
+    with page.expect_download() as got:
+        link.click()
+    assert got.value.suggested_filename == "notes.md"
+    assert Path(got.value.path()).read_text() == notes
+    assert page.url.endswith(f"/ui/sessions/{sid}")

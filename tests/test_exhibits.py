@@ -171,14 +171,16 @@ def test_a_download_needs_a_filename_and_may_carry_html() -> None:
 
 
 def test_claim_checked_arguments_carry_no_bulk() -> None:
-    """The workflow receives an exhibit call's compact arguments and the claim-check id;
-    other tools' arguments pass unchanged."""
+    """The workflow receives an exhibit or write_file call's compact arguments and the
+    claim-check id; other tools' arguments pass unchanged."""
     args = image_args(png_of_size(900))
     checked = claim_checked("present_exhibit", args, "m1")
     assert checked[CLAIM_CHECK] == "m1" and checked["data"].endswith("bytes, shown)")
     assert len(json.dumps(checked)) < 200
     assert compact_exhibit_args(args)["title"] == "Red"
     assert claim_checked("calculator", {"expression": "1"}, "m1") == {"expression": "1"}
+    written = claim_checked("write_file", {"path": "a.txt", "content": "x" * 900}, "m1")
+    assert written == {"path": "a.txt", "content": "(902 bytes, claim-checked)", CLAIM_CHECK: "m1"}
 
 
 # --- on the real stack ----------------------------------------------------------------------

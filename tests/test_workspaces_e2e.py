@@ -1,22 +1,30 @@
 """Session workspaces end to end: uvicorn + real worker + Temporal dev server + SQLite file.
 
 An agent writes a file and the person downloads it; a person attaches one and the agent and
-the event stream hear of it; shareable and isolated subagents see and do not see their
-caller's files; bad paths, sizes, types and quotas are 4xx problems; a 20 MB file passes
-between activities of two sessions without entering a Temporal payload."""
+the event stream hear of it; shareable and isolated subagents and delegate_to targets see
+and do not see their caller's files, an invoke_agent target works in its own; bad paths,
+sizes, types and quotas are 4xx problems; a 20 MB file passes between activities of two
+sessions, and a file of megabytes an agent writes reaches the store, without entering a
+Temporal payload."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from pydantic_ai.messages import ModelMessage, ToolReturnPart
+from pydantic_ai.models import Model
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
+import activities.turns as session_activities
+import baton.providers.models
+from baton.agents import roster
 from cli import app
 from tests.conftest import live_stack
 from tests.test_api_agents import assert_problem
@@ -125,6 +133,84 @@ def test_shareable_subagent_sees_its_callers_files_and_isolated_does_not(
     assert got.headers["content-type"].startswith("text/plain")
     assert got.headers["content-disposition"].startswith('attachment; filename="notes.txt"')
     assert got.headers["x-content-type-options"] == "nosniff"
+
+
+#: What makes an agent a delegate_to target.
+DELEGABLE = {"available_for_delegation": True, "delegation_hint": "reads the notes"}
+
+
+def test_a_shareable_delegate_to_target_sees_its_callers_files_and_an_isolated_one_does_not(
+    live_api: httpx.Client,
+) -> None:
+    """The lead writes notes.txt and delegates to two teammates: the shareable one reads it
+    in the lead's workspace, the isolated one gets file_not_found in its own empty one."""
+    reader(live_api, "sharer", "notes.txt", workspace_sharing="shareable", delegation=DELEGABLE)
+    reader(live_api, "loner", "notes.txt", delegation=DELEGABLE)  # isolated: the default
+    agent(
+        live_api,
+        "lead",
+        playbook=[
+            {"when": "delegate_to:", "reply": "{last_message}"},
+            {
+                "when": "write_file:",
+                "reply": "Delegating.",
+                "tool_calls": [
+                    call("delegate_to", agent_id="sharer", task="read the notes"),
+                    call("delegate_to", agent_id="loner", task="read the notes"),
+                ],
+            },
+            {
+                "reply": "Writing.",
+                "tool_calls": [call("write_file", path="notes.txt", content="the secret is 42")],
+            },
+        ],
+    )
+    roster.clear_cache()  # the delegation roster the in-process worker reads
+    body = start(live_api, "lead", "go")
+    sid, answer = body["session_id"], body["response"]
+    assert answer.count("the secret is 42") == 1, answer
+    assert "file_not_found" in answer, answer
+    shared, alone = child_of(live_api, "sharer"), child_of(live_api, "loner")
+    assert files(live_api, sid) == ["notes.txt"]
+    assert files(live_api, shared) == ["notes.txt"]  # the caller's workspace
+    assert files(live_api, alone) == []  # its own
+
+
+def test_an_invoke_agent_target_works_in_its_own_workspace_even_when_shareable(
+    live_api: httpx.Client,
+) -> None:
+    """A caller writes notes.txt and invokes a shareable agent: the invoked session reads
+    in a workspace of its own (file_not_found) and lists no files."""
+    reader(live_api, "peer", "notes.txt", workspace_sharing="shareable")
+    agent(
+        live_api,
+        "caller",
+        playbook=[
+            {"when": "invoke_agent:", "reply": "{last_message}"},
+            {
+                "when": "write_file:",
+                "reply": "Invoking.",
+                "tool_calls": [
+                    call("invoke_agent", slug="peer", prompt="read the notes", sync=True)
+                ],
+            },
+            {
+                "reply": "Writing.",
+                "tool_calls": [call("write_file", path="notes.txt", content="the secret is 42")],
+            },
+        ],
+    )
+    allowed = live_api.put(
+        "/v1/agents/caller/policies", json={"targets": {"peer": {"invoke": "allow"}}}
+    )
+    assert allowed.status_code == 200, allowed.text
+    body = start(live_api, "caller", "go")
+    sid, answer = body["session_id"], body["response"]
+    assert '"status": "completed"' in answer and "file_not_found" in answer, answer
+    assert "the secret is 42" not in answer, answer
+    invoked = child_of(live_api, "peer")
+    assert files(live_api, sid) == ["notes.txt"]
+    assert files(live_api, invoked) == []  # its own, whatever the target says
 
 
 def _events_until(api: httpx.Client, sid: str, kind: str) -> list[dict[str, Any]]:
@@ -311,6 +397,60 @@ async def test_a_20_mb_file_passes_between_activities_without_entering_a_payload
         largest, whole = await _history_sizes(temporal_env, workflow_id)
         assert largest < MAX_EVENT_BYTES, (workflow_id, largest)
         assert whole < 1024 * 1024, (workflow_id, whole)
+
+
+#: 6 MiB of text written through write_file: over ten times one activity result's bound
+#: (baton.payloads.MAX_RESULT_BYTES).
+WRITTEN = ("0123456789abcdef" * (6 * 1024 * 1024 // 16))[:-6] + "THEEND"
+#: The largest a history event of the writing session may be (bytes).
+MAX_WRITE_EVENT_BYTES = 8 * 1024
+
+
+@pytest.fixture
+def big_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model of agent ``big-writer`` writes WRITTEN to big.txt through write_file, then
+    answers with the tool's result (a playbook cannot carry 6 MiB without it entering the
+    agent's snapshot); every other agent is scripted."""
+    original = baton.providers.models.build_model
+
+    def build(name: str, *, playbook: list[dict[str, Any]] | None, agent_slug: str) -> Model:
+        if agent_slug != "big-writer":
+            return original(name, playbook=playbook, agent_slug=agent_slug)
+
+        async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+            if len(messages) > 1:
+                last = messages[-1].parts[-1]
+                yield f"DONE {last.content if isinstance(last, ToolReturnPart) else ''}"
+                return
+            args = json.dumps({"path": "big.txt", "content": WRITTEN})
+            calls: DeltaToolCalls = {
+                0: DeltaToolCall(name="write_file", json_args=args, tool_call_id="big")
+            }
+            yield calls
+
+        return FunctionModel(stream_function=stream, model_name="scripted:big-writer")
+
+    monkeypatch.setattr(session_activities, "build_model", build)
+
+
+async def test_a_file_of_megabytes_written_by_the_agent_never_enters_a_payload(
+    live_api: httpx.Client, temporal_env: WorkflowEnvironment, big_writer: None
+) -> None:
+    """An agent's write_file of 6 MiB stores the whole file while no event of the session's
+    history carries more than 8 KiB: the workflow carries a claim-check, the activity reads
+    the stored reply."""
+    agent(live_api, "big-writer", playbook=[{"reply": "unused"}])
+    body = start(live_api, "big-writer", "write it")
+    sid, answer = body["session_id"], body["response"]
+    assert answer.startswith("DONE") and f'"size": {len(WRITTEN)}' in answer, answer
+    got = live_api.get(f"/v1/sessions/{sid}/files/big.txt")
+    assert got.status_code == 200 and got.content == WRITTEN.encode()
+    transcript = live_api.get(f"/v1/sessions/{sid}/transcript").json()["messages"]
+    (tool,) = [m for m in transcript if m.get("tool_name") == "write_file"]
+    assert f"({len(WRITTEN) + 2} bytes, claim-checked)" in tool["tool_input"]
+    largest, whole = await _history_sizes(temporal_env, sid)
+    assert largest < MAX_WRITE_EVENT_BYTES, largest
+    assert whole < 64 * 1024, whole
 
 
 def test_cli_lists_gets_and_puts_files(live_api: httpx.Client, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ the five X-Agent tools, the two delegation tools, the four workspace tools and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -151,8 +152,9 @@ WORKSPACE_ARGS: dict[str, type[_Args]] = {
 PRESENT_EXHIBIT = "present_exhibit"
 #: What an exhibit may be: inline content, or a file of the session's workspace.
 ExhibitKind = Literal["image", "table", "chart", "markdown", "download", "file"]
-#: The one argument of a claim-checked ``present_exhibit`` call as the workflow sees it:
-#: the id of the assistant message whose stored tool calls hold the whole arguments.
+#: The argument a claim-checked call (``present_exhibit``, ``write_file``) adds as the
+#: workflow sees it: the id of the assistant message whose stored tool calls hold the
+#: whole arguments.
 CLAIM_CHECK = "_claim_check"
 Cell = str | int | float | bool | None
 
@@ -195,10 +197,35 @@ def compact_exhibit_args(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def compact_write_args(args: dict[str, Any]) -> dict[str, Any]:
+    """``write_file`` arguments without their bulk (``content`` becomes
+    ``"(N bytes, claim-checked)"``): what the workflow carries of the call."""
+    out: dict[str, Any] = {k: args[k] for k in ("path", "encoding") if k in args}
+    if args.get("content") is not None:
+        size = len(json.dumps(args["content"], ensure_ascii=False).encode())
+        out["content"] = f"({size} bytes, claim-checked)"
+    return out
+
+
+#: The tools whose arguments are claim-checked, each with its compact form: their bulk
+#: never travels through the workflow (docs/exhibits.md, docs/workspaces.md).
+CLAIM_CHECKED: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    PRESENT_EXHIBIT: compact_exhibit_args,
+    "write_file": compact_write_args,
+}
+
+
+def compact_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A claim-checked tool's arguments in their compact form; any other tool's unchanged."""
+    compact = CLAIM_CHECKED.get(name)
+    return args if compact is None else compact(args)
+
+
 def claim_checked(name: str, args: dict[str, Any], message_id: str) -> dict[str, Any]:
-    """The arguments of a tool call as they travel to the workflow: a ``present_exhibit``
-    call's are its compact form plus :data:`CLAIM_CHECK` = ``message_id`` (the assistant
-    message storing them whole); every other tool's are ``args`` unchanged."""
-    if name != PRESENT_EXHIBIT:
+    """The arguments of a tool call as they travel to the workflow: a claim-checked tool's
+    (:data:`CLAIM_CHECKED`: ``present_exhibit``, ``write_file``) are its compact form plus
+    :data:`CLAIM_CHECK` = ``message_id`` (the assistant message storing them whole); every
+    other tool's are ``args`` unchanged."""
+    if name not in CLAIM_CHECKED:
         return args
-    return {**compact_exhibit_args(args), CLAIM_CHECK: message_id}
+    return {**compact_args(name, args), CLAIM_CHECK: message_id}
