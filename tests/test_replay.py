@@ -160,3 +160,46 @@ def test_the_failed_reply_gate_has_a_history_with_its_marker() -> None:
     older = [p for p in HISTORIES if "1.0.0-" in p.name]
     assert older
     assert not [p for p in older if any(FAILED_REPLY_PATCH.encode() in d for d in patches(p))]
+
+
+def gate_ids() -> set[str]:
+    """The patch id of every ``workflow.patched``/``deprecate_patch`` call in ``workflows/``
+    (a string literal, or a module-level constant of a ``workflows`` module)."""
+    import ast
+
+    trees = [ast.parse(p.read_text()) for p in (HERE.parent.parent / "workflows").glob("*.py")]
+    constants = {
+        target.id: node.value.value
+        for tree in trees
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    ids = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"patched", "deprecate_patch"}
+            ):
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant):
+                    ids.add(arg.value)
+                else:
+                    assert isinstance(arg, ast.Name) and arg.id in constants, ast.dump(arg)
+                    ids.add(constants[arg.id])
+    return ids
+
+
+def test_every_gate_is_listed_after_the_baseline() -> None:
+    """Each patch id the workflows use is named in the changelog after the 1.0.0 baseline
+    (Unreleased or a later release), and the 1.0.0 entry names none: the baseline has no
+    gate (docs/development.md, Workflow changes)."""
+    text = CHANGELOG.read_text()
+    after, baseline = text.split("\n## 1.0.0", 1)
+    ids = gate_ids()
+    assert ids  # the parser found the gates there are
+    assert [i for i in ids if f"`{i}`" not in after] == []
+    assert [i for i in ids if f"`{i}`" in baseline] == []
