@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from worker.factory import WORKFLOWS
+from worker.factory import PASSTHROUGH, WORKFLOWS, workflow_runner
 
 HERE = Path(__file__).parent / "histories"
 HISTORIES = sorted(HERE.glob("*.json"))
@@ -96,7 +96,11 @@ def test_history_names_follow_the_release_pattern() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_without_nondeterminism(path: Path) -> None:
     """A recorded run replays cleanly: the workflow code still issues the same commands."""
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=WORKFLOWS,
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),  # the worker's sandbox and passthrough list
+    )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     await replayer.replay_workflow(history)
 
@@ -203,3 +207,25 @@ def test_every_gate_is_listed_after_the_baseline() -> None:
     assert ids  # the parser found the gates there are
     assert [i for i in ids if f"`{i}`" not in after] == []
     assert [i for i in ids if f"`{i}`" in baseline] == []
+
+
+def test_the_passthrough_names_the_activity_modules_the_workflows_import() -> None:
+    """The sandbox passes through exactly the ``activities`` modules workflow code imports
+    (each listed with its reason in worker/factory.py), and every ``baton`` module workflow
+    code imports is under a passthrough entry."""
+    import ast
+
+    imported = set()
+    for path in (HERE.parent.parent / "workflows").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+
+    def passed(module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in PASSTHROUGH)
+
+    activity_modules = {m for m in imported if m.split(".")[0] == "activities"}
+    assert activity_modules == {p for p in PASSTHROUGH if p.split(".")[0] == "activities"}
+    assert [m for m in imported if m.split(".")[0] == "baton" and not passed(m)] == []
