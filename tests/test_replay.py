@@ -62,6 +62,19 @@ BASELINE = {
 }
 
 
+#: Endings recorded since the baseline, on the unreleased code (named by its next release).
+SINCE = {
+    # Eval: completed (a session and a step replayed on both sides, recorded and judged),
+    # cancelled while its step replays wait, failed (a recorded step gone).
+    "eval-completed-1.1.0",
+    "eval-cancelled-1.1.0",
+    "eval-failed-1.1.0",
+    # Reviews: withdrawn by an interrupting message, cancelled with their session.
+    "xagent-review-withdrawn-1.1.0",
+    "xagent-review-cancelled-1.1.0",
+}
+
+
 def test_the_baseline_histories_are_checked_in() -> None:
     """Every ending the 1.0.0 baseline recorded is in tests/histories/ (with the second run
     of the sessions that continue-as-new or restart after completing idle)."""
@@ -69,6 +82,13 @@ def test_the_baseline_histories_are_checked_in() -> None:
     assert {f"{kind}-1.0.0" for kind in BASELINE} <= names
     assert (HERE / "continue-as-new-1.0.0-run2.json").exists()
     assert (HERE / "idle-restart-1.0.0-run2.json").exists()
+
+
+def test_the_endings_recorded_since_the_baseline_are_checked_in() -> None:
+    """The endings added after the baseline (the Eval workflow's, a review withdrawn or
+    cancelled) are in tests/histories/, each replayed below."""
+    names = {p.name.rsplit("-run", 1)[0] for p in HISTORIES}
+    assert names >= SINCE
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -180,7 +200,7 @@ def gate_ids() -> set[str]:
         for target in node.targets
         if isinstance(target, ast.Name)
     }
-    ids = set()
+    ids: set[str] = set()
     for tree in trees:
         for node in ast.walk(tree):
             if (
@@ -189,11 +209,13 @@ def gate_ids() -> set[str]:
                 and node.func.attr in {"patched", "deprecate_patch"}
             ):
                 arg = node.args[0]
-                if isinstance(arg, ast.Constant):
-                    ids.add(arg.value)
+                if isinstance(arg, ast.Name) and arg.id in constants:
+                    value = constants[arg.id]
                 else:
-                    assert isinstance(arg, ast.Name) and arg.id in constants, ast.dump(arg)
-                    ids.add(constants[arg.id])
+                    assert isinstance(arg, ast.Constant), ast.dump(arg)
+                    value = arg.value
+                assert isinstance(value, str), ast.dump(arg)
+                ids.add(value)
     return ids
 
 
