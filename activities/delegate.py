@@ -358,33 +358,7 @@ class DelegationActivities:
         async with heartbeating():
             try:
                 plan = await asyncio.to_thread(self._plan, inp)
-                if plan.continue_existing:
-                    _, reply = await launch.send_message(
-                        self._client,
-                        self._engine,
-                        session_id=plan.session_id,
-                        prompt=plan.prompt,
-                        sync=sync,
-                        update_id=inp.delegation_id,
-                        invoked_by_agent=tool.agent_slug,
-                        user=inp.user,
-                    )
-                else:
-                    launched = await launch.launch_session(
-                        self._client,
-                        self._engine,
-                        task_queue=inp.task_queue,
-                        config=inp.config,
-                        ref=plan.ref,
-                        prompt=plan.prompt,
-                        provenance=plan.provenance,
-                        sync=sync,
-                        name=plan.name,
-                        session_id=plan.session_id,
-                        update_id=inp.delegation_id,
-                        agent=await self._with_mcp_tools(plan.agent),
-                    )
-                    reply = launched.response
+                reply = await self._send(inp, plan, sync)
             except Refused as exc:
                 if exc.decision is not None:
                     return await asyncio.to_thread(
@@ -403,23 +377,40 @@ class DelegationActivities:
                 return await asyncio.to_thread(self._store, tool, text, False, inp)
         telemetry.count_delegation(kind=inp.kind)  # once it has started
         reply = reply or ""
-        if inp.kind == "invoke":
-            result: dict[str, Any] = {
-                "session_id": plan.session_id,
-                "status": "completed" if sync else "running",
-            }
-            if sync:
-                result["response"] = _cut(reply)
-            if inp.edited_by is not None:
-                result["note"] = (
-                    f"the reviewer ({inp.edited_by}) edited your message; {inp.target} "
-                    "received the edited prompt"
-                )
-                result["sent_prompt"] = _cut(inp.prompt)
-            text = json.dumps(result, ensure_ascii=False)
-        else:
-            text = _cut(reply)
+        text = _result_text(inp, plan, reply, sync)
         return await asyncio.to_thread(self._store, tool, text, True, inp, reply, sync)
+
+    async def _send(self, inp: DelegateInput, plan: Plan, sync: bool) -> str | None:
+        """Send the delegation's message, its Update id the delegation id: to the session
+        the plan continues, or as the first message of the session it starts. The child's
+        final reply when ``sync`` (None otherwise); raises as ``launch`` does."""
+        if plan.continue_existing:
+            _, reply = await launch.send_message(
+                self._client,
+                self._engine,
+                session_id=plan.session_id,
+                prompt=plan.prompt,
+                sync=sync,
+                update_id=inp.delegation_id,
+                invoked_by_agent=inp.tool.agent_slug,
+                user=inp.user,
+            )
+            return reply
+        launched = await launch.launch_session(
+            self._client,
+            self._engine,
+            task_queue=inp.task_queue,
+            config=inp.config,
+            ref=plan.ref,
+            prompt=plan.prompt,
+            provenance=plan.provenance,
+            sync=sync,
+            name=plan.name,
+            session_id=plan.session_id,
+            update_id=inp.delegation_id,
+            agent=await self._with_mcp_tools(plan.agent),
+        )
+        return launched.response
 
     def _refused(
         self, tool: ToolMessage, decision: gate.Decision, target: str | None, via: str
@@ -562,6 +553,27 @@ class DelegationActivities:
             await launch.cancel_session(self._client, self._engine, session_id=child)
         await asyncio.to_thread(record_cancelled)
         return targets
+
+
+def _result_text(inp: DelegateInput, plan: Plan, reply: str, sync: bool) -> str:
+    """The caller's tool result of a started delegation: for an invoke, JSON
+    ``{session_id, status, response (sync), note and sent_prompt (an edited prompt)}``;
+    for the other kinds, the child's reply; replies cut to what a tool result holds."""
+    if inp.kind != "invoke":
+        return _cut(reply)
+    result: dict[str, Any] = {
+        "session_id": plan.session_id,
+        "status": "completed" if sync else "running",
+    }
+    if sync:
+        result["response"] = _cut(reply)
+    if inp.edited_by is not None:
+        result["note"] = (
+            f"the reviewer ({inp.edited_by}) edited your message; {inp.target} "
+            "received the edited prompt"
+        )
+        result["sent_prompt"] = _cut(inp.prompt)
+    return json.dumps(result, ensure_ascii=False)
 
 
 def _cut(reply: str) -> str:

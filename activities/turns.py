@@ -80,6 +80,7 @@ from baton.contracts.tool_args import (
     CLAIM_CHECKED,
     PRESENT_EXHIBIT,
     claim_checked,
+    compact_args,
     compact_exhibit_args,
 )
 from baton.contracts.values import (
@@ -653,9 +654,9 @@ class SessionActivities:
                 self._chunk_event(s, inp, last_chunk, attempt)
                 run_tree.forward(s, inp.session_id, "chunk", {"content": last_chunk})
             for call in calls:
-                args = call.args
-                if call.name == PRESENT_EXHIBIT:  # the exhibit event shows it, once
-                    args = compact_exhibit_args(args)
+                # A claim-checked call's bulk never rides the stream: an exhibit's event
+                # shows it once, a written file is downloaded from the workspace.
+                args = compact_args(call.name, call.args)
                 run_tree.forward(
                     s,
                     inp.session_id,
@@ -752,22 +753,7 @@ class SessionActivities:
                         await self._on_event(stream, event)
                     response = events.get()
             except asyncio.CancelledError:
-                # A newer message interrupted the turn (if_busy=interrupt): what the model
-                # wrote so far stays in the transcript, metered as a cut stream is (tokens
-                # estimated); the workflow marks the interruption.
-                out = stream.streamed // metering.CHARS_PER_TOKEN
-                spent = metering.price_cost(inp.prices, name, input_estimate, out)
-                await self._in_db(
-                    self._cut,
-                    inp,
-                    name,
-                    input_estimate,
-                    stream.streamed,
-                    spent,
-                    stream.buffer,
-                    stream.attempt,
-                )
-                await self._in_db(self._keep_partial, inp, stream.whole)
+                await self._interrupted(stream)
                 raise
             except (ModelAPIError, UserError) as exc:
                 mapped = _classify(exc)
@@ -776,22 +762,50 @@ class SessionActivities:
                 failures += 1
                 _count_provider_failure(exc, failures, inp.provider_failures)
                 raise  # retryable as it is; `raise exc from exc` would make it its own cause
-            text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
-            made = [
-                _named(_tool_call(p), offer.remote)
-                for p in response.parts
-                if isinstance(p, ToolCallPart)
-            ]
-            calls = workflow_calls(made, inp.assistant_message_id)
-            # The reply keeps a claim-checked call's whole arguments (what the claim-check
-            # names: an exhibit's, a written file's content).
-            pairs = zip(made, calls, strict=True)
-            stored = [m if m.name in CLAIM_CHECKED else c for m, c in pairs]
             usage = reply_usage(response, inp.prices, name, started)
-            await self._in_db(
-                self._persist, inp, text, stored, usage, stream.buffer, info.attempt, name
-            )
-            return _turn_result(inp.assistant_message_id, text, calls, usage)
+            return await self._store_reply(stream, response, offer.remote, usage)
+
+    async def _interrupted(self, stream: _Stream) -> None:
+        """A newer message interrupted the turn (if_busy=interrupt): what the model wrote
+        so far stays in the transcript, metered as a cut stream is (tokens estimated); the
+        workflow marks the interruption."""
+        inp = stream.inp
+        out = stream.streamed // metering.CHARS_PER_TOKEN
+        spent = metering.price_cost(inp.prices, stream.model, stream.input_estimate, out)
+        await self._in_db(
+            self._cut,
+            inp,
+            stream.model,
+            stream.input_estimate,
+            stream.streamed,
+            spent,
+            stream.buffer,
+            stream.attempt,
+        )
+        await self._in_db(self._keep_partial, inp, stream.whole)
+
+    async def _store_reply(
+        self,
+        stream: _Stream,
+        response: ModelResponse,
+        remote: dict[str, McpToolSnapshot],
+        usage: Usage,
+    ) -> ModelTurnResult:
+        """Persist a whole reply once (its text, its tool calls as the workflow runs them,
+        its usage) and return it as the turn's result. The stored reply keeps a
+        claim-checked call's whole arguments (an exhibit's, a written file's content)."""
+        inp = stream.inp
+        text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
+        made = [
+            _named(_tool_call(p), remote) for p in response.parts if isinstance(p, ToolCallPart)
+        ]
+        calls = workflow_calls(made, inp.assistant_message_id)
+        pairs = zip(made, calls, strict=True)
+        stored = [m if m.name in CLAIM_CHECKED else c for m, c in pairs]
+        await self._in_db(
+            self._persist, inp, text, stored, usage, stream.buffer, stream.attempt, stream.model
+        )
+        return _turn_result(inp.assistant_message_id, text, calls, usage)
 
     async def _on_event(self, stream: _Stream, event: ModelResponseStreamEvent) -> None:
         """One event of the reply's stream: buffer its text, cut the stream at the balance

@@ -5,7 +5,8 @@ each workflow type, on the code of one release (docs/development.md, Workflow ch
 the release (``1.0.0``; on unreleased code the next one, docs/development.md); scenarios:
 base, unloadable, xagent, xagent-reads, delegation, idle, external, step, step-ends,
 step-edited, inquiry, webhook, workspace, workspace-1.0.0 (the workspace gate's old
-branch, named 1.0.0 whatever TAG), exhibit, failed-reply (default all).
+branch, named 1.0.0 whatever TAG), exhibit, failed-reply, eval, review-ends
+(default all).
 Existing files are kept, so the histories of older releases stay in the suite while their
 gates live.
 """
@@ -661,6 +662,116 @@ async def failed_reply_scenario(client: Client, engine: Engine, worker: Worker) 
     await save(client, run.session_id, "failed-reply")
 
 
+async def review_end_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """A review withdrawn by an interrupting message (the next turn runs), and one whose
+    session is cancelled while it waits."""
+    from tests.helpers import wait_for
+    from tests.xagent_helpers import caller_playbook, reviews_of
+
+    publish(engine, "target", playbook=[{"reply": "target says hi"}])
+    invoke = {"slug": "target", "prompt": "hello", "sync": True}
+    playbook = [*caller_playbook("invoke_agent", invoke), {"reply": "plain: {last_message}"}]
+    publish(engine, "hesitant", playbook=playbook)
+
+    async def waiting(session_id: str) -> None:
+        """Until the workflow waits on the review (its row stored, its timer started)."""
+        handle = client.get_workflow_handle(session_id)
+        await wait_for(lambda: any(r.status == "pending" for r in reviews_of(engine, session_id)))
+        while not await handle.query("pending_reviews"):
+            await asyncio.sleep(0.05)
+
+    run = await launch(client, engine, worker, "hesitant", "go", sync=False)
+    await waiting(run.session_id)
+    await launching.send_message(
+        client,
+        engine,
+        session_id=run.session_id,
+        prompt="never mind",
+        sync=True,
+        if_busy="interrupt",
+    )
+    await wait_for(lambda: _status(engine, run.session_id) == "idle")
+    await save(client, run.session_id, "xagent-review-withdrawn")
+
+    run = await launch(client, engine, worker, "hesitant", "go", sync=False)
+    await waiting(run.session_id)
+    await launching.cancel_session(client, engine, session_id=run.session_id)
+    with contextlib.suppress(Exception):
+        await client.get_workflow_handle(run.session_id).result()
+    await save(client, run.session_id, "xagent-review-cancelled")
+
+
+async def eval_scenarios(client: Client, engine: Engine, worker: Worker) -> None:
+    """Evals: one completed (a recorded session and a recorded step replayed on both sides,
+    each recorded and judged; nothing changed, so the judge asks no model), one cancelled
+    while its step replays run, one failed (its recorded step gone before its replay)."""
+    from baton.contracts.workflow_io import EvalInput
+    from tests.eval_helpers import insert_eval
+    from tests.helpers import wait_for
+    from tests.test_steps import VALID, run_step
+
+    async def run(
+        slug: str, recorded: list[str], steps: list[str], judge: str | None = None
+    ) -> str:
+        eval_id = insert_eval(engine, slug, status="running", total=len(recorded) + len(steps))
+        await launching.launch_eval(
+            client,
+            task_queue=worker.task_queue,
+            inp=EvalInput(
+                eval_id=eval_id,
+                recorded=recorded,
+                recorded_steps=steps,
+                candidate=f"{slug}@1",
+                baseline=f"{slug}@1",
+                user="local",
+                concurrency=2,
+                task_queue=worker.task_queue,
+                config=TEST_CONFIG,
+                judge=judge,
+            ),
+            slug=slug,
+            owner="local",
+            summary=f"Eval of {slug}",
+        )
+        return eval_id
+
+    publish(engine, "evaluee", playbook=[{"reply": VALID}])
+    session = await launch(client, engine, worker, "evaluee", "hello")
+    step = await run_step(client, engine, worker.task_queue, "evaluee")
+    await client.get_workflow_handle(step).result()
+    done = await run("evaluee", [session.session_id], [step], judge="openai-chat:stub-model")
+    assert await client.get_workflow_handle(done).result() == "completed"
+    await save(client, done, "eval-completed")
+
+    # Cancelled while its step replays wait for their steps (a replay's wait on its step's
+    # result takes the cancel as such, so the eval's cancel path runs).
+    publish(engine, "ponderer", playbook=[{"reply": "w " * 40, "chunk_delay_ms": 100}])
+    slow = await run_step(client, engine, worker.task_queue, "ponderer", schema=None)
+    await client.get_workflow_handle(slow).result()
+    cancelled = await run("ponderer", [], [slow])
+    await wait_for(lambda: _replays_started(engine, cancelled, slow))
+    await launching.cancel_run(client, workflow_id=cancelled)
+    with contextlib.suppress(Exception):
+        await client.get_workflow_handle(cancelled).result()
+    await save(client, cancelled, "eval-cancelled")
+
+    failed = await run("evaluee", [], [f"step-{uuid.uuid4()}"])
+    assert await client.get_workflow_handle(failed).result() == "failed"
+    await save(client, failed, "eval-failed")
+
+
+def _replays_started(engine: Engine, eval_id: str, step_id: str) -> bool:
+    """Whether both replays of recorded step ``step_id`` in ``eval_id`` are stored."""
+    from baton.evals.replay import replay_step_id
+    from baton.storage.db import StepRow
+
+    with session_scope(engine) as s:
+        return all(
+            s.get(StepRow, replay_step_id(eval_id, step_id, side)) is not None
+            for side in ("baseline", "candidate")
+        )
+
+
 def _status(engine: Engine, session_id: str) -> str:
     with session_scope(engine) as s:
         return session_store.get_session(s, session_id=session_id).status
@@ -683,6 +794,8 @@ SCENARIOS = {
     "workspace-1.0.0": workspace_before_scenario,
     "exhibit": exhibit_scenario,
     "failed-reply": failed_reply_scenario,
+    "eval": eval_scenarios,
+    "review-ends": review_end_scenarios,
 }
 
 

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from worker.factory import WORKFLOWS
+from worker.factory import PASSTHROUGH, WORKFLOWS, workflow_runner
 
 HERE = Path(__file__).parent / "histories"
 HISTORIES = sorted(HERE.glob("*.json"))
@@ -62,6 +62,19 @@ BASELINE = {
 }
 
 
+#: Endings recorded since the baseline, on the unreleased code (named by its next release).
+SINCE = {
+    # Eval: completed (a session and a step replayed on both sides, recorded and judged),
+    # cancelled while its step replays wait, failed (a recorded step gone).
+    "eval-completed-1.1.0",
+    "eval-cancelled-1.1.0",
+    "eval-failed-1.1.0",
+    # Reviews: withdrawn by an interrupting message, cancelled with their session.
+    "xagent-review-withdrawn-1.1.0",
+    "xagent-review-cancelled-1.1.0",
+}
+
+
 def test_the_baseline_histories_are_checked_in() -> None:
     """Every ending the 1.0.0 baseline recorded is in tests/histories/ (with the second run
     of the sessions that continue-as-new or restart after completing idle)."""
@@ -69,6 +82,13 @@ def test_the_baseline_histories_are_checked_in() -> None:
     assert {f"{kind}-1.0.0" for kind in BASELINE} <= names
     assert (HERE / "continue-as-new-1.0.0-run2.json").exists()
     assert (HERE / "idle-restart-1.0.0-run2.json").exists()
+
+
+def test_the_endings_recorded_since_the_baseline_are_checked_in() -> None:
+    """The endings added after the baseline (the Eval workflow's, a review withdrawn or
+    cancelled) are in tests/histories/, each replayed below."""
+    names = {p.name.rsplit("-run", 1)[0] for p in HISTORIES}
+    assert names >= SINCE
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -96,7 +116,11 @@ def test_history_names_follow_the_release_pattern() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays_without_nondeterminism(path: Path) -> None:
     """A recorded run replays cleanly: the workflow code still issues the same commands."""
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=WORKFLOWS,
+        data_converter=pydantic_data_converter,
+        workflow_runner=workflow_runner(),  # the worker's sandbox and passthrough list
+    )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     await replayer.replay_workflow(history)
 
@@ -160,3 +184,70 @@ def test_the_failed_reply_gate_has_a_history_with_its_marker() -> None:
     older = [p for p in HISTORIES if "1.0.0-" in p.name]
     assert older
     assert not [p for p in older if any(FAILED_REPLY_PATCH.encode() in d for d in patches(p))]
+
+
+def gate_ids() -> set[str]:
+    """The patch id of every ``workflow.patched``/``deprecate_patch`` call in ``workflows/``
+    (a string literal, or a module-level constant of a ``workflows`` module)."""
+    import ast
+
+    trees = [ast.parse(p.read_text()) for p in (HERE.parent.parent / "workflows").glob("*.py")]
+    constants = {
+        target.id: node.value.value
+        for tree in trees
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    ids: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"patched", "deprecate_patch"}
+            ):
+                arg = node.args[0]
+                if isinstance(arg, ast.Name) and arg.id in constants:
+                    value = constants[arg.id]
+                else:
+                    assert isinstance(arg, ast.Constant), ast.dump(arg)
+                    value = arg.value
+                assert isinstance(value, str), ast.dump(arg)
+                ids.add(value)
+    return ids
+
+
+def test_every_gate_is_listed_after_the_baseline() -> None:
+    """Each patch id the workflows use is named in the changelog after the 1.0.0 baseline
+    (Unreleased or a later release), and the 1.0.0 entry names none: the baseline has no
+    gate (docs/development.md, Workflow changes)."""
+    text = CHANGELOG.read_text()
+    after, baseline = text.split("\n## 1.0.0", 1)
+    ids = gate_ids()
+    assert ids  # the parser found the gates there are
+    assert [i for i in ids if f"`{i}`" not in after] == []
+    assert [i for i in ids if f"`{i}`" in baseline] == []
+
+
+def test_the_passthrough_names_the_activity_modules_the_workflows_import() -> None:
+    """The sandbox passes through exactly the ``activities`` modules workflow code imports
+    (each listed with its reason in worker/factory.py), and every ``baton`` module workflow
+    code imports is under a passthrough entry."""
+    import ast
+
+    imported = set()
+    for path in (HERE.parent.parent / "workflows").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+
+    def passed(module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in PASSTHROUGH)
+
+    activity_modules = {m for m in imported if m.split(".")[0] == "activities"}
+    assert activity_modules == {p for p in PASSTHROUGH if p.split(".")[0] == "activities"}
+    assert [m for m in imported if m.split(".")[0] == "baton" and not passed(m)] == []

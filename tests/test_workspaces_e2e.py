@@ -28,7 +28,7 @@ from baton.agents import roster
 from cli import app
 from tests.conftest import live_stack
 from tests.test_api_agents import assert_problem
-from tests.test_e2e_sessions import agent
+from tests.test_e2e_sessions import agent, sse
 
 #: The small limits of the refusal tests' stack.
 MAX_FILE = 1024
@@ -451,6 +451,11 @@ async def test_a_file_of_megabytes_written_by_the_agent_never_enters_a_payload(
     largest, whole = await _history_sizes(temporal_env, sid)
     assert largest < MAX_WRITE_EVENT_BYTES, largest
     assert whole < 64 * 1024, whole
+    # Nor does the file ride the session's stream: its events show the compact call.
+    events = sse(live_api, f"/v1/sessions/{sid}/events?until=idle")
+    calls = [c for e in events for c in e["data"].get("tool_calls") or []]
+    assert [c["args"]["content"] for c in calls] == [f"({len(WRITTEN) + 2} bytes, claim-checked)"]
+    assert len(json.dumps([e["data"] for e in events])) < 64 * 1024
 
 
 def test_cli_lists_gets_and_puts_files(live_api: httpx.Client, tmp_path: Path) -> None:

@@ -23,7 +23,6 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.xagent import XAgentActivities
 from baton.agents import registry
@@ -52,7 +51,7 @@ from tests.xagent_helpers import (
     tool_messages,
     tool_result,
 )
-from worker.factory import PASSTHROUGH, WORKFLOWS, activities_for, build_worker
+from worker.factory import WORKFLOWS, activities_for, build_worker, workflow_runner
 
 INVOKE_SYNC = {"slug": "target", "prompt": "hello target", "sync": True}
 INVOKE_ASYNC = {"slug": "target", "prompt": "hello target"}
@@ -610,9 +609,7 @@ async def slow_worker(
         workflows=WORKFLOWS,
         activities=acts,
         activity_executor=ThreadPoolExecutor(max_workers=16),
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)
-        ),
+        workflow_runner=workflow_runner(),
     )
     try:
         async with w:

@@ -76,9 +76,33 @@ PASSTHROUGH = (
     # handoff rule the step workflow shares with the API.
     "baton.temporal_ui",
     "baton.runs.handoff",
-    # The activity classes: workflow code names their methods (type and argument types)
-    # and never runs them. Importing them imports the DB, model and MCP stacks below.
-    "activities",
+    # The activity classes, one module each: workflow code names their methods (the
+    # activity type and its argument types) and never runs them. Importing them imports
+    # the DB, model and MCP stacks below. Only the modules workflow code imports are
+    # listed (tests/test_replay.py checks the list against the imports); the rest of
+    # `activities` (outcomes, outbound HTTP) is reached only through them, on the host.
+    # Sessions and steps: load_agent, model_turn, run_tool, record_failure, record_resume,
+    # set_status.
+    "activities.turns",
+    # Sessions: authorize, settle_review, refuse_tool, xagent_tool.
+    "activities.xagent",
+    # Sessions: delegate, route_turn, cancel_delegations.
+    "activities.delegate",
+    # Sessions: mcp_tool, a remote MCP server's tool.
+    "activities.mcp_tools",
+    # Sessions: workspace_tool, the workspace tools.
+    "activities.workspaces",
+    # External sessions: record_external_message.
+    "activities.external",
+    # AgentStep: check_deliverable, check_edited_deliverable, update_step.
+    "activities.steps",
+    # Inquiry: inquiry_turn, inquiry_tool, finish_inquiry.
+    "activities.inquiry",
+    # WebhookDelivery: deliver_webhook, fail_delivery.
+    "activities.webhooks",
+    # Eval: replay, replay_step, record_replays, judge_replays, finish_eval,
+    # cancel_replays.
+    "activities.evals",
     # What the activities import (the model stack, the DB stack, the spec's safe regexes
     # and the deliverables' JSON Schema checks): heavy, never called from workflow code,
     # and named here as well so that no run's sandbox imports them afresh.
@@ -457,9 +481,15 @@ def build_worker(
         interceptors=interceptors,
         graceful_shutdown_timeout=graceful_shutdown,
         deployment_config=deployment,
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)
-        ),
+        workflow_runner=workflow_runner(),
+    )
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The sandbox every Baton workflow runs in (the worker's, the replayer's): the SDK's
+    default restrictions with :data:`PASSTHROUGH` passed through."""
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)
     )
 
 

@@ -61,6 +61,89 @@ JUDGE_RETRY = RetryPolicy(
 )
 
 
+class _Replays:
+    """The replays of one eval: each recorded item replayed on both sides, at most
+    ``inp.concurrency`` replays at once, then its comparison written (and judged)."""
+
+    def __init__(self, inp: EvalInput) -> None:
+        self._inp = inp
+        self._slots = asyncio.Semaphore(inp.concurrency)
+        self._writing = asyncio.Lock()  # one writer of the report at a time (read, then write)
+
+    async def replay(
+        self, recorded: str, side: str, ref: str, agent: ResolvedAgent | None, kind: str
+    ) -> ReplayOutcome:
+        """One side's replay of ``recorded`` (a ``replay_step`` for a step), once a slot is
+        free."""
+        inp = self._inp
+        method = EvalActivities.replay_step if kind == "step" else EvalActivities.replay
+        async with self._slots:
+            outcome: ReplayOutcome = await workflow.execute_activity_method(
+                method,
+                ReplayInput(
+                    eval_id=inp.eval_id,
+                    recorded=recorded,
+                    side=side,
+                    ref=ref,
+                    agent=agent,
+                    user=inp.user,
+                    task_queue=inp.task_queue,
+                    config=inp.config,
+                ),
+                start_to_close_timeout=REPLAY_TIMEOUT,
+                heartbeat_timeout=heartbeat_timeout(inp.config),
+                retry_policy=REPLAY_RETRY,
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"{side} · {recorded}",
+            )
+            return outcome
+
+    async def compare(self, recorded: str, kind: Literal["session", "step"] = "session") -> None:
+        """Replay ``recorded`` on the baseline and the candidate together, then write the
+        pair into the report and, when the eval has a judge, have it judged."""
+        inp = self._inp
+        baseline, candidate = await asyncio.gather(
+            self.replay(recorded, "baseline", inp.baseline, inp.baseline_agent, kind),
+            self.replay(recorded, "candidate", inp.candidate, inp.candidate_agent, kind),
+        )
+        async with self._writing:
+            await workflow.execute_activity_method(
+                EvalActivities.record_replays,
+                ReplayPair(
+                    eval_id=inp.eval_id,
+                    recorded=recorded,
+                    baseline=baseline,
+                    candidate=candidate,
+                    kind=kind,
+                ),
+                start_to_close_timeout=store_timeout(inp.config),
+                retry_policy=STORE_RETRY,
+                summary=f"record · {recorded}",
+            )
+            if inp.judge is not None:
+                # 👉 Only an eval asked for a judge issues this command (`judge`
+                # defaults to None), so earlier evals replay unchanged: no patch.
+                await self.judge(recorded, inp.judge)
+
+    async def judge(self, recorded: str, model: str) -> None:
+        """Have ``model`` judge the written comparison of ``recorded``."""
+        inp = self._inp
+        await workflow.execute_activity_method(
+            EvalActivities.judge_replays,
+            JudgeInput(
+                eval_id=inp.eval_id,
+                recorded=recorded,
+                agent_slug=inp.baseline.partition("@")[0],
+                judge=model,
+                prices=inp.config.prices,
+            ),
+            start_to_close_timeout=JUDGE_TIMEOUT,
+            heartbeat_timeout=heartbeat_timeout(inp.config),
+            retry_policy=JUDGE_RETRY,
+            summary=f"judge · {recorded}",
+        )
+
+
 @workflow.defn(name="Eval")
 class EvalWorkflow:
     """An eval. Input: :class:`EvalInput`; result: its final status."""
@@ -68,78 +151,14 @@ class EvalWorkflow:
     @workflow.run
     async def run(self, inp: EvalInput) -> str:
         """Replay every recorded session on both sides, record each, end the eval."""
-        slots = asyncio.Semaphore(inp.concurrency)
-        writing = asyncio.Lock()  # one writer of the report at a time (read, then write)
-
-        async def replay(
-            recorded: str, side: str, ref: str, agent: ResolvedAgent | None, kind: str
-        ) -> ReplayOutcome:
-            method = EvalActivities.replay_step if kind == "step" else EvalActivities.replay
-            async with slots:
-                outcome: ReplayOutcome = await workflow.execute_activity_method(
-                    method,
-                    ReplayInput(
-                        eval_id=inp.eval_id,
-                        recorded=recorded,
-                        side=side,
-                        ref=ref,
-                        agent=agent,
-                        user=inp.user,
-                        task_queue=inp.task_queue,
-                        config=inp.config,
-                    ),
-                    start_to_close_timeout=REPLAY_TIMEOUT,
-                    heartbeat_timeout=heartbeat_timeout(inp.config),
-                    retry_policy=REPLAY_RETRY,
-                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=f"{side} · {recorded}",
-                )
-                return outcome
-
-        async def session(recorded: str, kind: Literal["session", "step"] = "session") -> None:
-            baseline, candidate = await asyncio.gather(
-                replay(recorded, "baseline", inp.baseline, inp.baseline_agent, kind),
-                replay(recorded, "candidate", inp.candidate, inp.candidate_agent, kind),
-            )
-            async with writing:
-                await workflow.execute_activity_method(
-                    EvalActivities.record_replays,
-                    ReplayPair(
-                        eval_id=inp.eval_id,
-                        recorded=recorded,
-                        baseline=baseline,
-                        candidate=candidate,
-                        kind=kind,
-                    ),
-                    start_to_close_timeout=store_timeout(inp.config),
-                    retry_policy=STORE_RETRY,
-                    summary=f"record · {recorded}",
-                )
-                if inp.judge is not None:
-                    # 👉 Only an eval asked for a judge issues this command (`judge`
-                    # defaults to None), so earlier evals replay unchanged: no patch.
-                    await workflow.execute_activity_method(
-                        EvalActivities.judge_replays,
-                        JudgeInput(
-                            eval_id=inp.eval_id,
-                            recorded=recorded,
-                            agent_slug=inp.baseline.partition("@")[0],
-                            judge=inp.judge,
-                            prices=inp.config.prices,
-                        ),
-                        start_to_close_timeout=JUDGE_TIMEOUT,
-                        heartbeat_timeout=heartbeat_timeout(inp.config),
-                        retry_policy=JUDGE_RETRY,
-                        summary=f"judge · {recorded}",
-                    )
-
+        replays = _Replays(inp)
         try:
             # 👉 Step replays are commands only an eval that recorded steps issues: an
             # eval started before them has none (`recorded_steps` defaults to empty), so
             # its history replays unchanged and no patch gate is needed.
             await asyncio.gather(
-                *(session(r) for r in inp.recorded),
-                *(session(r, "step") for r in inp.recorded_steps),
+                *(replays.compare(r) for r in inp.recorded),
+                *(replays.compare(r, "step") for r in inp.recorded_steps),
             )
         except asyncio.CancelledError:
             await workflow.execute_activity_method(

@@ -27,6 +27,7 @@ from baton.contracts.workflow_io import EvalInput
 from baton.errors import BatonError, EngineUnavailable, NotFound
 from baton.evals import judge, replay, store
 from baton.runs import launch
+from baton.settings import Settings
 from baton.storage.db import EvalRow, session_scope, utcnow
 
 router = APIRouter(prefix="/v1/agents", tags=["evals"])
@@ -200,78 +201,15 @@ async def start_eval(
 
     def record() -> tuple[EvalRow, EvalInput, bool]:
         with session_scope(engine) as s:
-            caller.require(s, slug, "viewer")
-            registry.get_agent(s, slug=slug)
-            cand_pin, cand = _side(s, caller, slug, body.candidate)
-            base_pin, base = _side(s, caller, slug, body.baseline)
-            if body.judge is not None:
-                judge.check_judge(body.judge)
-            visible = caller.visible(s)
-            steps = replay.pick_steps(
+            return _record_eval(
                 s,
-                slug=slug,
-                visible=visible,
-                steps=body.steps,
-                step_ids=body.step_ids,
-                since=body.since,
-            )
-            try:
-                picked = replay.pick_sessions(
-                    s,
-                    slug=slug,
-                    visible=visible,
-                    sessions=body.sessions,
-                    session_ids=body.session_ids,
-                    since=body.since,
-                )
-            except replay.NoSessions:
-                if not steps or body.sessions is not None:
-                    raise
-                picked = []  # an eval of steps alone: the agent has no recorded session
-            options = {
-                "tools": body.tools,
-                "on_miss": body.on_miss,
-                "sessions": body.sessions,
-                "since": body.since.isoformat() if body.since else None,
-                "session_ids": picked,
-                "steps": body.steps,
-                "judge": body.judge,
-                "step_ids": steps,
-                "candidate_pin": cand_pin,
-                "baseline_pin": base_pin,
-                "concurrency": settings.eval_concurrency,
-            }
-            # A keyed retry's eval may be a killed first attempt's, its workflow running.
-            stored = s.get(EvalRow, eval_id) if claim else None
-            row = stored or EvalRow(
-                id=eval_id,
-                agent_slug=slug,
-                candidate=body.candidate,
-                candidate_digest=cand.digest,
-                baseline=body.baseline,
-                options=options,
-                total=len(picked) + len(steps),
-                owner=caller.user,
-                workflow_id=eval_id,
-            )
-            if stored is None:
-                s.add(row)
-                s.flush()
-            inp = EvalInput(
                 eval_id=eval_id,
-                recorded=picked,
-                recorded_steps=steps,
-                candidate=cand_pin,
-                baseline=base_pin,
-                judge=body.judge,
-                candidate_agent=cand if cand.version == 0 else None,
-                baseline_agent=base if base.version == 0 else None,
-                user=caller.user,
-                concurrency=settings.eval_concurrency,
-                task_queue=settings.task_queue,
-                config=settings.session_config(),
+                slug=slug,
+                body=body,
+                caller=caller,
+                settings=settings,
+                keyed=bool(claim),
             )
-            return EvalRow.model_validate(row.model_dump()), inp, stored is not None
 
     row, inp, existed = await asyncio.to_thread(record)
     try:
@@ -289,6 +227,100 @@ async def start_eval(
             await asyncio.to_thread(_forget, engine, eval_id)
         raise
     return store.eval_summary(row)
+
+
+def _record_eval(
+    s: Session,
+    *,
+    eval_id: str,
+    slug: str,
+    body: EvalCreate,
+    caller: Caller,
+    settings: Settings,
+    keyed: bool,
+) -> tuple[EvalRow, EvalInput, bool]:
+    """Check an eval request, record its row and build its workflow input: ``(the row as
+    stored, the input, whether a keyed retry found the row already recorded)``. Raises what
+    :func:`start_eval` answers (the caller's role, the agent, both sides, the judge, the
+    recorded sessions and steps)."""
+    caller.require(s, slug, "viewer")
+    registry.get_agent(s, slug=slug)
+    cand_pin, cand = _side(s, caller, slug, body.candidate)
+    base_pin, base = _side(s, caller, slug, body.baseline)
+    if body.judge is not None:
+        judge.check_judge(body.judge)
+    picked, steps = _recorded(s, caller, slug, body)
+    options = {
+        "tools": body.tools,
+        "on_miss": body.on_miss,
+        "sessions": body.sessions,
+        "since": body.since.isoformat() if body.since else None,
+        "session_ids": picked,
+        "steps": body.steps,
+        "judge": body.judge,
+        "step_ids": steps,
+        "candidate_pin": cand_pin,
+        "baseline_pin": base_pin,
+        "concurrency": settings.eval_concurrency,
+    }
+    # A keyed retry's eval may be a killed first attempt's, its workflow running.
+    stored = s.get(EvalRow, eval_id) if keyed else None
+    row = stored or EvalRow(
+        id=eval_id,
+        agent_slug=slug,
+        candidate=body.candidate,
+        candidate_digest=cand.digest,
+        baseline=body.baseline,
+        options=options,
+        total=len(picked) + len(steps),
+        owner=caller.user,
+        workflow_id=eval_id,
+    )
+    if stored is None:
+        s.add(row)
+        s.flush()
+    inp = EvalInput(
+        eval_id=eval_id,
+        recorded=picked,
+        recorded_steps=steps,
+        candidate=cand_pin,
+        baseline=base_pin,
+        judge=body.judge,
+        candidate_agent=cand if cand.version == 0 else None,
+        baseline_agent=base if base.version == 0 else None,
+        user=caller.user,
+        concurrency=settings.eval_concurrency,
+        task_queue=settings.task_queue,
+        config=settings.session_config(),
+    )
+    return EvalRow.model_validate(row.model_dump()), inp, stored is not None
+
+
+def _recorded(
+    s: Session, caller: Caller, slug: str, body: EvalCreate
+) -> tuple[list[str], list[str]]:
+    """The recorded sessions and steps of ``slug`` the eval replays, among those the caller
+    may read: ``(session ids, step ids)``. An eval of steps finds no session to replay only
+    when it asked for none (``sessions`` unset): it replays its steps alone. Raises
+    :class:`~baton.evals.replay.NoSessions` and what the pickers raise."""
+    visible = caller.visible(s)
+    steps = replay.pick_steps(
+        s, slug=slug, visible=visible, steps=body.steps, step_ids=body.step_ids, since=body.since
+    )
+    try:
+        picked = replay.pick_sessions(
+            s,
+            slug=slug,
+            visible=visible,
+            sessions=body.sessions,
+            session_ids=body.session_ids,
+            since=body.since,
+        )
+    except replay.NoSessions:
+        if not steps or body.sessions is not None:
+            raise
+        picked = []  # an eval of steps alone: the agent has no recorded session
+    return picked, steps
 
 
 def _forget(engine: Engine, eval_id: str) -> None:

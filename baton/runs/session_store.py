@@ -30,7 +30,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
 from baton.contracts.activity_io import ResumePoint
-from baton.contracts.tool_args import PRESENT_EXHIBIT, compact_exhibit_args
+from baton.contracts.tool_args import CLAIM_CHECKED, PRESENT_EXHIBIT, compact_args
 from baton.contracts.values import CLOSED_STATUSES, SessionStatus, Usage
 from baton.contracts.workflow_io import Provenance
 from baton.errors import InvalidCursor as InvalidCursor  # its lists raise it: re-exported
@@ -845,10 +845,11 @@ def add_message(
     if tool_name:
         event["tool_name"] = tool_name
     if tool_calls:
-        # An exhibit's content reaches the stream once, in its own ``exhibit`` event.
+        # A claim-checked call's bulk never rides the stream: an exhibit's content reaches
+        # it once, in its own ``exhibit`` event; a written file is read from the workspace.
         event["tool_calls"] = [
-            {**c, "args": compact_exhibit_args(c.get("args") or {})}
-            if c.get("name") == PRESENT_EXHIBIT
+            {**c, "args": compact_args(c["name"], c.get("args") or {})}
+            if c.get("name") in CLAIM_CHECKED
             else c
             for c in tool_calls
         ]
