@@ -13,8 +13,11 @@ from typing import Any
 import httpx
 import pytest
 from rich.console import Console
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
+from baton.evals.replay import replay_step_id
+from baton.storage.db import StepRow, session_scope
 from cli.evals import report_table, totals_line
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, poll, running_stack
@@ -32,6 +35,7 @@ LIVE = [{"reply": '{"summary": "ok"}'}]
 DRAFT = [{"reply": '{"headline": "wrong shape"}'}]
 FAST = {"max_attempts": 2, "initial_interval_s": 0.01, "backoff_coefficient": 1}
 CLOSED = ("completed", "failed", "rejected")
+SIDES = ("baseline", "candidate")
 
 
 @pytest.fixture
@@ -267,3 +271,36 @@ def test_the_cli_table_shows_a_steps_deliverables_and_the_totals_its_pass_rates(
     }
     line = totals_line({**body, "report": {"totals": totals}})
     assert line.startswith("completed: 2 sessions · 1 steps, deliverables pass 100% → 0%")
+
+
+async def test_a_cancel_sent_to_the_eval_workflow_itself_ends_the_eval_cancelled(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A cancel of the Eval workflow from outside the API (as the Temporal UI sends it)
+    while its step replays run takes the eval's cancel path: the eval is ``cancelled``
+    (not ``failed``), its workflow and each replay's AgentStep run end CANCELED."""
+    slow = [{"reply": "w " * 40, "chunk_delay_ms": 100}]
+    with running_stack(temporal_env, tmp_path / "cancel.db") as stack:
+        http = stack.http
+        publish(http, "writer", slow)
+        step_id = recorded_step(http, [], output_schema=None)
+        summary = start(http, "writer", candidate="writer@1", step_ids=[step_id])
+        replays = [replay_step_id(summary["id"], step_id, side) for side in SIDES]
+
+        def replay_statuses() -> list[str | None]:
+            with session_scope(stack.engine) as s:
+                return [(row.status if (row := s.get(StepRow, r)) else None) for r in replays]
+
+        poll(lambda: None not in replay_statuses(), "both step replays to start", timeout=60)
+        handle = temporal_env.client.get_workflow_handle(summary["workflow_id"])
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
+        got = http.get(f"/v1/agents/writer/evals/{summary['id']}").json()
+        assert (got["status"], got["error"]) == ("cancelled", None)
+        for r in replays:  # cancel_replays ran: each replay's AgentStep run is cancelled
+            step = temporal_env.client.get_workflow_handle(r)
+            with pytest.raises(WorkflowFailureError):
+                await step.result()
+            assert (await step.describe()).status == WorkflowExecutionStatus.CANCELED

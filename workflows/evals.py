@@ -160,7 +160,15 @@ class EvalWorkflow:
                 *(replays.compare(r) for r in inp.recorded),
                 *(replays.compare(r, "step") for r in inp.recorded_steps),
             )
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ActivityError) as err:
+            # A cancel of this workflow reaches here as whatever the first replay to stop
+            # raised: a cancelled activity's ActivityError, or a replay that failed while
+            # the cancel was under way. The cancel request, not the error, decides.
+            if workflow.cancellation_reason() is None:
+                if not isinstance(err, ActivityError):
+                    raise
+                await self._end(inp, "failed", error_cause(err))
+                return "failed"
             await workflow.execute_activity_method(
                 EvalActivities.cancel_replays,
                 inp.eval_id,
@@ -169,10 +177,7 @@ class EvalWorkflow:
                 summary="cancel replays",
             )
             await self._end(inp, "cancelled", None)
-            raise
-        except ActivityError as err:
-            await self._end(inp, "failed", error_cause(err))
-            return "failed"
+            raise asyncio.CancelledError("the eval was cancelled") from err
         await self._end(inp, "completed", None)
         return "completed"
 
