@@ -91,8 +91,9 @@ def publish(http: httpx.Client, slug: str, playbook: list[dict[str, Any]], **spe
     assert http.post(f"/v1/agents/{slug}/publish").status_code == 201
 
 
-def record(http: httpx.Client, slug: str, prompt: str) -> str:
-    """A recorded session of ``slug`` answering ``prompt`` (a review it asks for allowed)."""
+def record(http: httpx.Client, slug: str, prompt: str, decision: str = "allow_once") -> str:
+    """A recorded session of ``slug`` answering ``prompt`` (a review it asks for decided
+    ``decision``)."""
     resp = http.post("/v1/sessions", json={"agent": slug, "prompt": prompt})
     assert resp.status_code == 201, resp.text
     sid: str = resp.json()["session_id"]
@@ -101,7 +102,7 @@ def record(http: httpx.Client, slug: str, prompt: str) -> str:
         state = http.get(f"/v1/sessions/{sid}").json()["status"]
         if state == "awaiting_input":
             (review,) = pending(http)
-            assert decide(http, review["id"], "allow_once").status_code == 200
+            assert decide(http, review["id"], decision).status_code == 200
         return bool(state == "idle")
 
     poll(settled, f"{sid} to answer", timeout=120)
@@ -194,6 +195,27 @@ def test_an_eval_of_a_draft_changing_one_rule_reports_exactly_the_sessions_it_to
     # No person was asked and no other agent ran: every review was answered by the eval.
     assert http.get("/v1/reviews", params={"status": "pending"}).json()["count"] == 0
     assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
+
+
+def test_since_replays_only_the_sessions_created_at_or_after_it(stack: Stack) -> None:
+    """``since`` (an RFC 3339 string) through the API picks the recorded sessions created at
+    or after it, oldest first, and is kept in the eval's options; a ``since`` after every
+    session is 422 ``no_sessions``, a number or a time without a timezone 422."""
+    http = stack.http
+    publish(http, "helper", [{"reply": "hi {last_message}"}])
+    record(http, "helper", "older")
+    newer = [record(http, "helper", "newer one"), record(http, "helper", "newer two")]
+    since = http.get(f"/v1/sessions/{newer[0]}").json()["created_at"]
+    summary = start(http, "helper", candidate="helper@1", since=since)
+    assert summary["total"] == 2 and summary["options"]["session_ids"] == newer
+    body = finished(http, "helper", summary["id"])
+    assert [s["session_id"] for s in body["report"]["sessions"]] == newer
+    assert body["options"]["since"] is not None
+    later = "2999-01-01T00:00:00Z"
+    assert_problem(http.post("/v1/agents/helper/evals", json={"since": later}), 422, "no_sessions")
+    for bad in (0, "1700000000", "2026-01-01T00:00:00"):  # numbers and no timezone
+        refused = http.post("/v1/agents/helper/evals", json={"since": bad})
+        assert_problem(refused, 422, "validation_error")
 
 
 # --- tools: recorded or live -----------------------------------------------------------
