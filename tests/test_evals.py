@@ -197,6 +197,55 @@ def test_an_eval_of_a_draft_changing_one_rule_reports_exactly_the_sessions_it_to
     assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
 
 
+def test_a_recorded_denied_review_is_replayed_denied(stack: Stack) -> None:
+    """A recording whose invoke review a person denied is replayed with that review denied
+    again on both sides, from the recording: no person is asked, the target never runs,
+    and the decision shows the recorded denial."""
+    http = stack.http
+    publish(http, "target", [{"reply": "target says hi"}])
+    publish(http, "helper", LIVE, tools=["calculator"])
+    recorded = record(http, "helper", "ask one", decision="deny")
+    targets_before = http.get("/v1/sessions", params={"agent": "target"}).json()["count"]
+    body = finished(http, "helper", start(http, "helper", candidate="helper@1")["id"])
+    assert (body["status"], body["changed"]) == ("completed", 0)
+    (item,) = body["report"]["sessions"]
+    assert item["session_id"] == recorded
+    denied = {"operation": "invoke", "target": "target", "decision": "review"}
+    for side in ("baseline", "candidate"):
+        assert item["decisions"][side] == [{**denied, "outcome": "denied_by_user"}]
+        assert "denied: the recorded review of this call ended" in item["final"][side]
+        assert "target says hi" not in item["final"][side]
+    assert http.get("/v1/reviews", params={"status": "pending"}).json()["count"] == 0
+    assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
+
+
+def test_a_policy_allowed_invoke_with_no_recording_is_refused_unrecorded(stack: Stack) -> None:
+    """The policy allows invokes (no review), and the draft invokes the target where the
+    recording computed: the replay records the policy's allow, then refuses the call
+    ``eval_unrecorded`` (the recording holds no such invoke); the target never runs."""
+    http = stack.http
+    publish(http, "target", [{"reply": "target says hi"}])
+    publish(http, "helper", LIVE, tools=["calculator"])
+    allow = {"global": {"list": "review", "read": "review", "invoke": "allow"}, "targets": {}}
+    assert http.put("/v1/agents/helper/policies", json=allow).status_code == 200
+    recorded = record(http, "helper", "sum one")
+    draft = {"playbook": DRAFT, "tools": ["calculator"]}
+    assert http.put("/v1/agents/helper/draft", json=draft).status_code == 200
+    targets_before = http.get("/v1/sessions", params={"agent": "target"}).json()["count"]
+    body = finished(http, "helper", start(http, "helper")["id"])
+    (item,) = body["report"]["sessions"]
+    assert (item["session_id"], item["changed"]) == (recorded, True)
+    assert item["decisions"]["baseline"] == []
+    assert item["decisions"]["candidate"] == [
+        {"operation": "invoke", "target": "target", "decision": "allow", "outcome": "allow"}
+    ]
+    assert item["tools"]["candidate"] == ["invoke_agent"]
+    assert "eval_unrecorded: 'invoke_agent'" in item["final"]["candidate"]
+    assert item["final"]["baseline"] == "done: 42"
+    assert http.get("/v1/reviews", params={"status": "pending"}).json()["count"] == 0
+    assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
+
+
 def test_since_replays_only_the_sessions_created_at_or_after_it(stack: Stack) -> None:
     """``since`` (an RFC 3339 string) through the API picks the recorded sessions created at
     or after it, oldest first, and is kept in the eval's options; a ``since`` after every
