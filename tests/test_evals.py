@@ -592,6 +592,34 @@ def test_baton_eval_prints_the_table_and_totals_and_writes_the_json_report(
     assert refused.exit_code != 0 and "unknown_candidate" in refused.output
 
 
+def test_baton_eval_replays_the_named_sessions_with_live_tools(
+    stack: Stack, mcp_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``baton eval helper --session A --session C --tools live --on-miss live`` replays
+    exactly A and C (not B), runs their tool calls on both sides (the server's counter
+    moves by four), and the eval keeps those options."""
+    http = stack.http
+    body = {"slug": "helper", "name": "Helper", "spec": tool_agent(mcp_url, "hi")}
+    assert http.post("/v1/agents", json=body).status_code == 201
+    assert http.post("/v1/agents/helper/publish").status_code == 201
+    first, _, third = (record(http, "helper", f"echo {n}") for n in ("one", "two", "three"))
+    assert CALLS == ["hi"] * 3
+    monkeypatch.setenv("BATON_API_URL", stack.url)
+    monkeypatch.setattr(cli_common.console, "width", 250)
+    report = tmp_path / "eval.json"
+    args = ["eval", "helper", "--candidate", "helper@1", "--session", first, "--session", third]
+    args += ["--tools", "live", "--on-miss", "live", "--json", str(report)]
+    out = CliRunner().invoke(cli_app, args)
+    assert out.exit_code == 0, out.output
+    assert "completed: 2 sessions · 0 changed" in out.output
+    written = json.loads(report.read_text(encoding="utf-8"))
+    options = written["options"]
+    assert options["session_ids"] == [first, third]
+    assert (options["tools"], options["on_miss"]) == ("live", "live")
+    assert [s["session_id"] for s in written["report"]["sessions"]] == [first, third]
+    assert CALLS == ["hi"] * 7
+
+
 def test_a_narrow_terminal_folds_the_session_id_and_never_elides_it() -> None:
     """At 60 columns the report table breaks a session id over lines; every character of
     it is printed and no ellipsis stands in for part of it."""
