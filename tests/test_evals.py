@@ -9,6 +9,7 @@ import io
 import json
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from playwright.sync_api import expect, sync_playwright
 from rich.console import Console
 from sqlmodel import col, select
+from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
@@ -265,6 +267,40 @@ def test_since_replays_only_the_sessions_created_at_or_after_it(stack: Stack) ->
     for bad in (0, "1700000000", "2026-01-01T00:00:00"):  # numbers and no timezone
         refused = http.post("/v1/agents/helper/evals", json={"since": bad})
         assert_problem(refused, 422, "validation_error")
+
+
+async def test_at_most_the_concurrency_setting_of_replays_run_at_once(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """With the eval concurrency set to 2 and three recorded sessions (six replays), the
+    eval's history shows at most two replay activities between their scheduled and
+    completed events at any moment, and two at once."""
+    with running_stack(temporal_env, tmp_path / "bounded.db", eval_concurrency=2) as stack:
+        http = stack.http
+        publish(http, "helper", [{"reply": "hi {last_message}"}])
+        for prompt in ("one", "two", "three"):
+            record(http, "helper", prompt)
+        body = finished(http, "helper", start(http, "helper", candidate="helper@1")["id"])
+        assert body["status"] == "completed" and body["options"]["concurrency"] == 2
+        handle = temporal_env.client.get_workflow_handle(body["workflow_id"])
+        history = await handle.fetch_history()
+    scheduled: dict[int, datetime] = {}
+    edges: list[tuple[datetime, int]] = []
+    for ev in history.events:
+        if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = ev.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == "replay":
+                scheduled[ev.event_id] = ev.event_time.ToDatetime()
+        elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = ev.activity_task_completed_event_attributes.scheduled_event_id
+            if done in scheduled:
+                edges += [(scheduled[done], 1), (ev.event_time.ToDatetime(), -1)]
+    assert len(edges) == 2 * 6
+    running, most = 0, 0
+    for _, step in sorted(edges):  # at one instant an end (-1) sorts before a start
+        running += step
+        most = max(most, running)
+    assert most == 2
 
 
 # --- tools: recorded or live -----------------------------------------------------------
