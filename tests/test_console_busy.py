@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.test_api_reviews import decide, poll
 from tests.test_console import (  # noqa: F401  (the fixtures)
@@ -74,6 +74,42 @@ def test_an_edited_allow_and_an_interrupt_from_the_session_page(
         assert time.monotonic() < deadline, _last_text(stack, sid)
         time.sleep(0.1)
     _wait_status(stack.http, sid, "idle")
+
+
+def test_an_edit_typed_before_the_review_card_is_filled_in_is_kept(
+    stack: Stack,  # noqa: F811  (the fixture imported above)
+    page: Page,  # noqa: F811
+) -> None:
+    """The session page shows a review card from the stream, then fills it in from
+    ``GET /v1/reviews/{id}``; a message edit typed before that answer arrives stays in the
+    box and is what Allow once sends (the refill used to empty it, allowing the call as
+    written)."""
+    held: list[Route] = []
+
+    def hold_the_first_read(route: Route) -> None:
+        if route.request.method == "GET" and not held:
+            held.append(route)  # answered below, once the edit is typed
+        else:
+            route.continue_()
+
+    page.route("**/v1/reviews/review-*", hold_the_first_read)
+    _caller(stack.http, "caller-k")
+    sid = _launch(stack.http, {"agent": "caller-k", "prompt": "go"})
+    rid = _review_of(stack.http, sid)
+    page.goto(f"{stack.base}/ui/sessions/{sid}")
+    card = page.locator(f'[data-review="{rid}"]')
+    box = card.get_by_label("Edit the message before allowing it")
+    box.fill("hello, edited early")
+    while not held:
+        page.wait_for_timeout(20)  # the card's own read is on its way
+    held[0].continue_()
+    expect(card.locator(".countdown")).to_be_visible()  # filled in from the answer
+    expect(box).to_have_value("hello, edited early")
+    card.get_by_role("button", name="Allow once").click()
+    expect(card.locator(".outcome")).to_have_text("Allowed by local")
+    _wait_status(stack.http, sid, "idle")
+    result = json.loads(_last_text(stack, sid).removeprefix("RESULT "))
+    assert result["sent_prompt"] == "hello, edited early"
 
 
 def test_messages_queued_from_the_composer_run_in_order_after_the_turn(
