@@ -4,6 +4,7 @@ a worker killed mid-delivery, the outbound rule in auth mode, owner scoping, bad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -554,10 +555,9 @@ def test_an_agent_or_team_filter_delivers_its_events_and_holds_back_the_rest(
     alpha's in a run of team crew. A subscription filtered to beta hears only beta's
     failure, one filtered to crew only the team run's; an unfiltered one hears all three
     (written in the same transactions, so once it has them the filtered logs are final)."""
-    receivers = [Receiver() for _ in range(3)]
-    serving = [r.serve() for r in receivers]
-    every, by_agent, by_team = (next(s) for s in serving)
-    try:
+    served = contextlib.contextmanager(Receiver.serve)
+    with contextlib.ExitStack() as receivers:
+        every, by_agent, by_team = (receivers.enter_context(served(Receiver())) for _ in range(3))
         with running_stack(temporal_env, tmp_path / "filters.db") as stack:
             http = stack.http
             for slug in ("alpha", "beta"):
@@ -594,6 +594,3 @@ def test_an_agent_or_team_filter_delivers_its_events_and_holds_back_the_rest(
             assert len(delivered(http, hooks["every"], 3)) == 3
             assert len(deliveries(http, hooks["agent"])) == 1
             assert len(deliveries(http, hooks["team"])) == 1
-    finally:
-        for s in serving:
-            s.close()
