@@ -4,7 +4,6 @@ dev server, a worker and the API) for a laptop, and the main job end to end on i
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import tempfile
@@ -47,11 +46,14 @@ PORT_FLAGS = {
 }
 
 
-def link_to_embedded_api(port: int) -> None:
-    """Point webhook payload links at the embedded API on ``port`` unless BATON_PUBLIC_URL
-    says otherwise. Set in the environment: the embedded worker reads its webhook settings
-    from there (worker.factory)."""
-    os.environ.setdefault("BATON_PUBLIC_URL", f"http://127.0.0.1:{port}")
+def link_to_embedded_api(settings: Settings, port: int) -> Settings:
+    """``settings`` whose webhook payload links point at the embedded API on ``port``,
+    unless BATON_PUBLIC_URL names another address. The embedded API and worker take their
+    webhook settings from this object (``Settings.webhook_config``), which was read before
+    the port was known: an environment variable set now would reach neither."""
+    if settings.public_url:
+        return settings
+    return settings.model_copy(update={"public_url": f"http://127.0.0.1:{port}"})
 
 
 def port_taken(port: int, what: str) -> typer.Exit:
@@ -150,7 +152,7 @@ def dev(
         raise port_taken(port, "API")
     with one_line_errors():
         upgrade_schema(settings, quiet=True)
-    link_to_embedded_api(port)
+    settings = link_to_embedded_api(settings, port)
     with embedded_temporal(
         settings,
         state_dir=STATE_DIR,
@@ -307,7 +309,7 @@ def demo(
         db_file = None
     with one_line_errors():
         upgrade_schema(settings, quiet=True)
-    link_to_embedded_api(api_port)
+    settings = link_to_embedded_api(settings, api_port)
     with embedded_temporal(
         settings, state_dir=state_dir, port=t_port, ui_port=u_port, db_file=db_file
     ) as cfg:

@@ -169,7 +169,11 @@ def eval_(
         list[str] | None, typer.Option(help="Replay this recorded session (repeatable).")
     ] = None,
     since: Annotated[
-        str | None, typer.Option(help="Only sessions created at or after this ISO time.")
+        str | None,
+        typer.Option(
+            help="Only sessions created at or after this time (RFC 3339 with a timezone: "
+            "2026-12-01T09:00:00Z)."
+        ),
     ] = None,
     steps: Annotated[
         int | None,

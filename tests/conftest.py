@@ -33,7 +33,7 @@ from temporalio.worker import Worker
 from api.app import create_app
 from baton.agents import roster
 from baton.contracts.search import SEARCH_ATTRIBUTES
-from baton.settings import Settings
+from baton.settings import Settings, get_settings
 from baton.storage.db import init_db, make_engine
 from baton.workspaces.store import WorkspaceStore
 from tests import xdist_groups
@@ -42,6 +42,16 @@ from worker.stack import DEV_SERVER_TUNING, ServicesThread, free_port
 
 # The suite's xdist groups (tests/xdist_groups.py): the hook must be a conftest's attribute.
 pytest_xdist_make_scheduler = xdist_groups.pytest_xdist_make_scheduler
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """``get_settings()`` reads the environment once per process: each test reads its own
+    (the BATON_* variables it sets, e.g. the BATON_API_URL of its stack for the CLI), never
+    a URL cached by a test before it."""
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -238,6 +238,35 @@ def test_a_failing_demo_step_fails_the_demo(tmp_path: Path) -> None:
     assert f"http://127.0.0.1:{ports[0]}/ui/sessions/" in out.stdout
 
 
+@pytest.mark.timeout(900)
+def test_the_demo_shows_its_reviews_webhook_deliveries_to_the_local_receiver(
+    tmp_path: Path,
+) -> None:
+    """`baton demo` on its own ports passes and prints the signed review.opened and
+    review.resolved deliveries its local receiver verified, their decision link on the
+    demo's API port, and the delivery log with both delivered."""
+    ports = [free_port() for _ in range(3)]
+    flags = ["--port", str(ports[0]), "--temporal-port", str(ports[1]), "--ui-port", str(ports[2])]
+    out = subprocess.run(
+        [BATON, "demo", "-f", str(ROOT / "examples" / "agents.yaml"), *flags],
+        env={k: v for k, v in _env().items() if k != "OPENAI_API_KEY"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    shown = out.stdout.split("webhook deliveries", 1)[1]
+    opened = re.search(r"^review\.opened (delivery-[0-9a-f-]{36}): lead → invoke", shown, re.M)
+    resolved = re.search(r"^review\.resolved (delivery-[0-9a-f-]{36}): .* · allowed$", shown, re.M)
+    assert opened and resolved, shown
+    decide = f"decide at: POST http://127.0.0.1:{ports[0]}/v1/reviews/review-"
+    assert decide in shown, shown
+    for delivery in (opened[1], resolved[1]):
+        assert re.search(rf"log: {delivery} delivered after \d+ attempt", shown), shown
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make to read the Makefile")
 def test_make_demo_passes_its_ports_to_baton_demo() -> None:
     """`make demo PORT=… TEMPORAL_PORT=… UI_PORT=…` runs `baton demo` with those ports;

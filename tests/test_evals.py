@@ -9,6 +9,7 @@ import io
 import json
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from playwright.sync_api import expect, sync_playwright
 from rich.console import Console
 from sqlmodel import col, select
+from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
@@ -91,8 +93,9 @@ def publish(http: httpx.Client, slug: str, playbook: list[dict[str, Any]], **spe
     assert http.post(f"/v1/agents/{slug}/publish").status_code == 201
 
 
-def record(http: httpx.Client, slug: str, prompt: str) -> str:
-    """A recorded session of ``slug`` answering ``prompt`` (a review it asks for allowed)."""
+def record(http: httpx.Client, slug: str, prompt: str, decision: str = "allow_once") -> str:
+    """A recorded session of ``slug`` answering ``prompt`` (a review it asks for decided
+    ``decision``)."""
     resp = http.post("/v1/sessions", json={"agent": slug, "prompt": prompt})
     assert resp.status_code == 201, resp.text
     sid: str = resp.json()["session_id"]
@@ -101,7 +104,7 @@ def record(http: httpx.Client, slug: str, prompt: str) -> str:
         state = http.get(f"/v1/sessions/{sid}").json()["status"]
         if state == "awaiting_input":
             (review,) = pending(http)
-            assert decide(http, review["id"], "allow_once").status_code == 200
+            assert decide(http, review["id"], decision).status_code == 200
         return bool(state == "idle")
 
     poll(settled, f"{sid} to answer", timeout=120)
@@ -194,6 +197,110 @@ def test_an_eval_of_a_draft_changing_one_rule_reports_exactly_the_sessions_it_to
     # No person was asked and no other agent ran: every review was answered by the eval.
     assert http.get("/v1/reviews", params={"status": "pending"}).json()["count"] == 0
     assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
+
+
+def test_a_recorded_denied_review_is_replayed_denied(stack: Stack) -> None:
+    """A recording whose invoke review a person denied is replayed with that review denied
+    again on both sides, from the recording: no person is asked, the target never runs,
+    and the decision shows the recorded denial."""
+    http = stack.http
+    publish(http, "target", [{"reply": "target says hi"}])
+    publish(http, "helper", LIVE, tools=["calculator"])
+    recorded = record(http, "helper", "ask one", decision="deny")
+    targets_before = http.get("/v1/sessions", params={"agent": "target"}).json()["count"]
+    body = finished(http, "helper", start(http, "helper", candidate="helper@1")["id"])
+    assert (body["status"], body["changed"]) == ("completed", 0)
+    (item,) = body["report"]["sessions"]
+    assert item["session_id"] == recorded
+    denied = {"operation": "invoke", "target": "target", "decision": "review"}
+    for side in ("baseline", "candidate"):
+        assert item["decisions"][side] == [{**denied, "outcome": "denied_by_user"}]
+        assert "denied: the recorded review of this call ended" in item["final"][side]
+        assert "target says hi" not in item["final"][side]
+    assert http.get("/v1/reviews", params={"status": "pending"}).json()["count"] == 0
+    assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
+
+
+def test_a_policy_allowed_invoke_with_no_recording_is_refused_unrecorded(stack: Stack) -> None:
+    """The policy allows invokes (no review), and the draft invokes the target where the
+    recording computed: the replay records the policy's allow, then refuses the call
+    ``eval_unrecorded`` (the recording holds no such invoke); the target never runs."""
+    http = stack.http
+    publish(http, "target", [{"reply": "target says hi"}])
+    publish(http, "helper", LIVE, tools=["calculator"])
+    allow = {"global": {"list": "review", "read": "review", "invoke": "allow"}, "targets": {}}
+    assert http.put("/v1/agents/helper/policies", json=allow).status_code == 200
+    recorded = record(http, "helper", "sum one")
+    draft = {"playbook": DRAFT, "tools": ["calculator"]}
+    assert http.put("/v1/agents/helper/draft", json=draft).status_code == 200
+    targets_before = http.get("/v1/sessions", params={"agent": "target"}).json()["count"]
+    body = finished(http, "helper", start(http, "helper")["id"])
+    (item,) = body["report"]["sessions"]
+    assert (item["session_id"], item["changed"]) == (recorded, True)
+    assert item["decisions"]["baseline"] == []
+    assert item["decisions"]["candidate"] == [
+        {"operation": "invoke", "target": "target", "decision": "allow", "outcome": "allow"}
+    ]
+    assert item["tools"]["candidate"] == ["invoke_agent"]
+    assert "eval_unrecorded: 'invoke_agent'" in item["final"]["candidate"]
+    assert item["final"]["baseline"] == "done: 42"
+    assert http.get("/v1/reviews", params={"status": "pending"}).json()["count"] == 0
+    assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
+
+
+def test_since_replays_only_the_sessions_created_at_or_after_it(stack: Stack) -> None:
+    """``since`` (an RFC 3339 string) through the API picks the recorded sessions created at
+    or after it, oldest first, and is kept in the eval's options; a ``since`` after every
+    session is 422 ``no_sessions``, a number or a time without a timezone 422."""
+    http = stack.http
+    publish(http, "helper", [{"reply": "hi {last_message}"}])
+    record(http, "helper", "older")
+    newer = [record(http, "helper", "newer one"), record(http, "helper", "newer two")]
+    since = http.get(f"/v1/sessions/{newer[0]}").json()["created_at"]
+    summary = start(http, "helper", candidate="helper@1", since=since)
+    assert summary["total"] == 2 and summary["options"]["session_ids"] == newer
+    body = finished(http, "helper", summary["id"])
+    assert [s["session_id"] for s in body["report"]["sessions"]] == newer
+    assert body["options"]["since"] is not None
+    later = "2999-01-01T00:00:00Z"
+    assert_problem(http.post("/v1/agents/helper/evals", json={"since": later}), 422, "no_sessions")
+    for bad in (0, "1700000000", "2026-01-01T00:00:00"):  # numbers and no timezone
+        refused = http.post("/v1/agents/helper/evals", json={"since": bad})
+        assert_problem(refused, 422, "validation_error")
+
+
+async def test_at_most_the_concurrency_setting_of_replays_run_at_once(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """With the eval concurrency set to 2 and three recorded sessions (six replays), the
+    eval's history shows at most two replay activities between their scheduled and
+    completed events at any moment, and two at once."""
+    with running_stack(temporal_env, tmp_path / "bounded.db", eval_concurrency=2) as stack:
+        http = stack.http
+        publish(http, "helper", [{"reply": "hi {last_message}"}])
+        for prompt in ("one", "two", "three"):
+            record(http, "helper", prompt)
+        body = finished(http, "helper", start(http, "helper", candidate="helper@1")["id"])
+        assert body["status"] == "completed" and body["options"]["concurrency"] == 2
+        handle = temporal_env.client.get_workflow_handle(body["workflow_id"])
+        history = await handle.fetch_history()
+    scheduled: dict[int, datetime] = {}
+    edges: list[tuple[datetime, int]] = []
+    for ev in history.events:
+        if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = ev.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == "replay":
+                scheduled[ev.event_id] = ev.event_time.ToDatetime()
+        elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = ev.activity_task_completed_event_attributes.scheduled_event_id
+            if done in scheduled:
+                edges += [(scheduled[done], 1), (ev.event_time.ToDatetime(), -1)]
+    assert len(edges) == 2 * 6
+    running, most = 0, 0
+    for _, step in sorted(edges):  # at one instant an end (-1) sorts before a start
+        running += step
+        most = max(most, running)
+    assert most == 2
 
 
 # --- tools: recorded or live -----------------------------------------------------------
@@ -519,6 +626,34 @@ def test_baton_eval_prints_the_table_and_totals_and_writes_the_json_report(
     assert bare.exit_code == 0 and "1 sessions · draft against live" in bare.output
     refused = CliRunner().invoke(cli_app, ["eval", "helper", "--candidate", "helper@9"])
     assert refused.exit_code != 0 and "unknown_candidate" in refused.output
+
+
+def test_baton_eval_replays_the_named_sessions_with_live_tools(
+    stack: Stack, mcp_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``baton eval helper --session A --session C --tools live --on-miss live`` replays
+    exactly A and C (not B), runs their tool calls on both sides (the server's counter
+    moves by four), and the eval keeps those options."""
+    http = stack.http
+    body = {"slug": "helper", "name": "Helper", "spec": tool_agent(mcp_url, "hi")}
+    assert http.post("/v1/agents", json=body).status_code == 201
+    assert http.post("/v1/agents/helper/publish").status_code == 201
+    first, _, third = (record(http, "helper", f"echo {n}") for n in ("one", "two", "three"))
+    assert CALLS == ["hi"] * 3
+    monkeypatch.setenv("BATON_API_URL", stack.url)
+    monkeypatch.setattr(cli_common.console, "width", 250)
+    report = tmp_path / "eval.json"
+    args = ["eval", "helper", "--candidate", "helper@1", "--session", first, "--session", third]
+    args += ["--tools", "live", "--on-miss", "live", "--json", str(report)]
+    out = CliRunner().invoke(cli_app, args)
+    assert out.exit_code == 0, out.output
+    assert "completed: 2 sessions · 0 changed" in out.output
+    written = json.loads(report.read_text(encoding="utf-8"))
+    options = written["options"]
+    assert options["session_ids"] == [first, third]
+    assert (options["tools"], options["on_miss"]) == ("live", "live")
+    assert [s["session_id"] for s in written["report"]["sessions"]] == [first, third]
+    assert CALLS == ["hi"] * 7
 
 
 def test_a_narrow_terminal_folds_the_session_id_and_never_elides_it() -> None:

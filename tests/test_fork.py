@@ -4,6 +4,7 @@ reference, then runs from there; the original is never touched."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -354,6 +355,43 @@ def test_baton_fork_prints_the_lineage_and_trace_shows_it(
     traced = CliRunner().invoke(cli_app, ["trace", fid])
     assert traced.exit_code == 0, traced.output
     assert f"forked from {sid}" in " ".join(traced.output.split())
+
+
+def test_baton_fork_runs_another_revision_or_the_draft_in_the_sandbox(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``baton fork … --agent echo@2`` runs revision 2 from the fork point; ``--agent
+    echo@draft`` is refused ``draft_outside_sandbox`` without ``--sandbox`` and runs the
+    draft with it, the fork marked sandbox."""
+    http = stack.http
+    agent(http, "echo", ECHO)
+    sid = converse(http, "echo", ["one"])
+    last = paged(http, sid)[-1]["id"]
+    assert http.put("/v1/agents/echo/draft", json={"playbook": [{"reply": "v2"}]}).is_success
+    assert http.post("/v1/agents/echo/publish").status_code == 201
+    draft = {"playbook": [{"reply": "draft says"}]}
+    assert http.put("/v1/agents/echo/draft", json=draft).is_success
+    monkeypatch.setenv("BATON_API_URL", stack.url)
+    base = ["fork", sid, "--after", last, "--prompt", "again"]
+
+    def forked(out: Any) -> dict[str, Any]:
+        assert out.exit_code == 0, out.output
+        fid = re.search(r"session-[0-9a-f-]{36}", out.output)
+        assert fid is not None and fid[0] != sid, out.output
+        body: dict[str, Any] = http.get(f"/v1/sessions/{fid[0]}").json()
+        return body
+
+    revision = forked(CliRunner().invoke(cli_app, [*base, "--agent", "echo@2"]))
+    assert (revision["version"], revision["sandbox"]) == (2, False)
+    assert paged(http, revision["session_id"])[-1]["text"] == "v2"
+
+    refused = CliRunner().invoke(cli_app, [*base, "--agent", "echo@draft"])
+    assert refused.exit_code != 0 and "draft_outside_sandbox" in refused.output
+
+    sandboxed = forked(CliRunner().invoke(cli_app, [*base, "--agent", "echo@draft", "--sandbox"]))
+    assert (sandboxed["version"], sandboxed["sandbox"]) == (0, True)
+    assert paged(http, sandboxed["session_id"])[-1]["text"] == "draft says"
+    assert paged(http, sid)[-1]["id"] == last  # the original is never touched
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowUpdateStage
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from baton.contracts.workflow_io import TurnOutcome, UserMessage
+from baton.contracts.workflow_io import IfBusy, TurnOutcome, UserMessage
 from baton.storage.db import EventRow, UsageRow, session_scope
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, agent, launch, pending, poll, running_stack, target
@@ -219,19 +219,65 @@ def test_the_same_message_id_twice_is_one_queued_message(
     assert texts(stack.http, sid, "user") == ["hold", "again", "direct"]
 
 
-async def _send_twice(address: str, sid: str) -> None:
-    """Deliver one enqueued message twice under one Update id (a client of its own: this
-    test is synchronous and runs it on a loop of its own)."""
+async def _send_twice(
+    address: str, sid: str, prompt: str = "direct", if_busy: IfBusy = "enqueue"
+) -> None:
+    """Deliver one message twice under one Update id (a client of its own: this test is
+    synchronous and runs it on a loop of its own)."""
     client = await Client.connect(address, data_converter=pydantic_data_converter)
     handle = client.get_workflow_handle(sid)
     for _ in range(2):
         await handle.start_update(
             "send_message",
-            UserMessage(prompt="direct", if_busy="enqueue"),
-            id=f"{sid}:message-direct",
+            UserMessage(prompt=prompt, if_busy=if_busy),
+            id=f"{sid}:message-{prompt}",
             wait_for_stage=WorkflowUpdateStage.ACCEPTED,
             result_type=TurnOutcome,
         )
+
+
+def test_the_same_interrupt_twice_is_one_message(
+    stack: Stack, temporal_env: WorkflowEnvironment
+) -> None:
+    """An interrupt sent twice under one Idempotency-Key (the API replays it), or twice as
+    the same Update id, stops its turn once and is stored and answered once."""
+    sid = launch(stack.http, "holder", "hold")
+    (first,) = pending(stack.http)
+    key = {"Idempotency-Key": "interrupt-once"}
+    for _ in range(2):
+        resp = stack.http.post(
+            f"/v1/sessions/{sid}/messages",
+            json={"prompt": "never mind", "if_busy": "interrupt"},
+            headers=key,
+        )
+        assert resp.status_code == 200, resp.text
+    poll(lambda: _answered(stack, sid, "never mind"), "the interrupt's reply")
+    assert send(stack.http, sid, "hold again").status_code == 200
+    second = poll(
+        lambda: [r for r in pending(stack.http) if r["id"] != first["id"]], "the second review"
+    )[0]
+    address = temporal_env.client.service_client.config.target_host
+    asyncio.run(_send_twice(address, sid, "stop it", "interrupt"))
+    poll(lambda: _answered(stack, sid, "stop it"), "the second interrupt's reply")
+    assert _accepted_updates(address, sid, f"{sid}:message-stop it") == 1
+    assert texts(stack.http, sid, "user") == ["hold", "never mind", "hold again", "stop it"]
+    interrupted = [e for e in texts(stack.http, sid, "error") if e.startswith("interrupted")]
+    assert len(interrupted) == 2
+    for review in (first, second):
+        row = stack.http.get(f"/v1/reviews/{review['id']}").json()
+        assert (row["status"], row["decided_by"]) == ("withdrawn", "interrupted")
+    withdrawn = [a for a in audit_rows(stack.engine) if a.outcome == "withdrawn"]
+    assert len(withdrawn) == 2 and {a.review_id for a in withdrawn} == {first["id"], second["id"]}
+
+
+def _answered(stack: Stack, sid: str, prompt: str) -> bool:
+    """Whether the transcript's last message is a reply after the user message ``prompt``."""
+    order = [(m["role"], m["text"]) for m in messages(stack.http, sid)]
+    return (
+        ("user", prompt) in order
+        and order[-1][0] == "assistant"
+        and (order.index(("user", prompt)) < len(order) - 1)
+    )
 
 
 def test_cli_run_session_if_busy_enqueue(
@@ -257,14 +303,19 @@ def test_cli_run_session_if_busy_enqueue(
     assert "got later" in sent.stdout
 
 
-def _accepted_updates(address: str, sid: str) -> int:
-    """How many Updates the session's run has accepted (its history, read on a loop and a
-    client of its own: this test is synchronous)."""
+def _accepted_updates(address: str, sid: str, update_id: str | None = None) -> int:
+    """How many Updates the session's run has accepted (all, or those with ``update_id``)
+    (its history, read on a loop and a client of its own: this test is synchronous)."""
 
     async def count() -> int:
         client = await Client.connect(address, data_converter=pydantic_data_converter)
         history = await client.get_workflow_handle(sid).fetch_history()
         accepted = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-        return sum(e.event_type == accepted for e in history.events)
+        return sum(
+            e.event_type == accepted
+            and update_id
+            in (None, e.workflow_execution_update_accepted_event_attributes.protocol_instance_id)
+            for e in history.events
+        )
 
     return asyncio.run(count())

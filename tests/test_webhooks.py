@@ -4,6 +4,7 @@ a worker killed mid-delivery, the outbound rule in auth mode, owner scoping, bad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -556,3 +557,51 @@ def test_a_charge_crossing_the_threshold_queues_one_balance_low(engine: Any) -> 
         (delivery,) = events.pending_ids(s)
         assert delivery == events.delivery_id(hook.id, "balance.low:m1")
         s.rollback()
+
+
+def test_an_agent_or_team_filter_delivers_its_events_and_holds_back_the_rest(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """With the balance spent, three turns fail: alpha's alone, beta's alone, and the lead
+    alpha's in a run of team crew. A subscription filtered to beta hears only beta's
+    failure, one filtered to crew only the team run's; an unfiltered one hears all three
+    (written in the same transactions, so once it has them the filtered logs are final)."""
+    served = contextlib.contextmanager(Receiver.serve)
+    with contextlib.ExitStack() as receivers:
+        every, by_agent, by_team = (receivers.enter_context(served(Receiver())) for _ in range(3))
+        with running_stack(temporal_env, tmp_path / "filters.db") as stack:
+            http = stack.http
+            for slug in ("alpha", "beta"):
+                agent(http, slug, [{"reply": f"{slug} answers"}])
+            crew = {
+                "id": "crew",
+                "name": "Crew",
+                "supervisor_agent_id": "alpha",
+                "members": [{"agent_id": "alpha", "role": "supervisor"}, {"agent_id": "beta"}],
+            }
+            assert http.post("/v1/teams", json=crew).status_code == 201
+            hooks = {
+                "every": subscribe(http, every.url, ["session.failed"]),
+                "agent": subscribe(http, by_agent.url, ["session.failed"], agent="beta"),
+                "team": subscribe(http, by_team.url, ["session.failed"], team="crew"),
+            }
+            assert (hooks["agent"]["agent"], hooks["team"]["team"]) == ("beta", "crew")
+            assert http.put("/v1/balance", json={"balance": 0}).status_code == 200
+            alone = {slug: launch(http, slug) for slug in ("alpha", "beta")}
+            team_run = http.post("/v1/sessions", json={"team": "crew", "prompt": "go"})
+            assert team_run.status_code == 201, team_run.text
+            in_team = team_run.json()["session_id"]
+
+            def failed(r: Receiver) -> set[str]:
+                return {p["data"]["session_id"] for p in r.of_type("session.failed")}
+
+            poll(lambda: len(failed(every)) == 3, "three session.failed", timeout=90)
+            assert failed(every) == {alone["alpha"], alone["beta"], in_team}
+            assert len(delivered(http, hooks["agent"])) == 1
+            assert len(delivered(http, hooks["team"])) == 1
+            poll(lambda: failed(by_agent) and failed(by_team), "the filtered deliveries")
+            assert failed(by_agent) == {alone["beta"]}
+            assert failed(by_team) == {in_team}
+            assert len(delivered(http, hooks["every"], 3)) == 3
+            assert len(deliveries(http, hooks["agent"])) == 1
+            assert len(deliveries(http, hooks["team"])) == 1

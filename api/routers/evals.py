@@ -9,7 +9,7 @@ import uuid
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, status
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -18,6 +18,7 @@ from api.idempotency import IDEMPOTENT, IdempotencyDep
 from api.problems import problem_responses
 from api.routers.agents import SlugPath
 from api.routers.sessions import runnable
+from api.routers.steps import IsoDateTime
 from baton.agents import registry
 from baton.agents.schemas import MAX_OFFSET, Page
 from baton.agents.spec import ModelName
@@ -111,8 +112,13 @@ class EvalCreate(BaseModel):
         max_length=replay.MAX_EVAL_SESSIONS,
         description="Replay exactly these recorded sessions.",
     )
-    since: AwareDatetime | None = Field(
-        default=None, description="Only sessions (and steps) created at or after this time."
+    # 👉 JSON has no date-time type: the strict model would refuse every string here, so
+    # this field alone parses one (RFC 3339 with a timezone; a bare number stays refused).
+    since: IsoDateTime | None = Field(
+        default=None,
+        strict=False,
+        description="Only sessions (and steps) created at or after this time (RFC 3339 "
+        "with a timezone).",
     )
     steps: int = Field(
         default=replay.DEFAULT_EVAL_STEPS,

@@ -96,6 +96,10 @@ function fillReview(card, review) {
   card.classList.toggle("resolved", review.status !== "pending");
   reviewContext(card, review);
   const body = $(".body", card);
+  // A pending card is filled again when its details arrive (the deadline): what the
+  // reviewer already typed into an edit box, and the focus, carry over to the new box.
+  const typed = new Map([...body.querySelectorAll(".edit")].map((e) => [e.id, e.value]));
+  const focused = body.contains(document.activeElement) ? document.activeElement.id : null;
   body.replaceChildren();
   if (review.status !== "pending") {
     const who = review.decided_by && review.status !== "timed_out" ? ` by ${review.decided_by}` : "";
@@ -124,7 +128,9 @@ function fillReview(card, review) {
     const input = tag === "textarea"
       ? el("textarea", { id, class: "edit", rows: 3, placeholder })
       : el("input", { id, class: "edit", placeholder, maxlength: 200 });
+    input.value = typed.get(id) || "";
     body.append(el("label", { for: id, text: label }), input);
+    if (id === focused) input.focus();
     return [field, input];
   });
   const edited = () => Object.fromEntries(
