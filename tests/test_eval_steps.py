@@ -16,7 +16,7 @@ from rich.console import Console
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from baton.evals.replay import replay_step_id
+from baton.evals.replay import Side, replay_step_id
 from baton.storage.db import StepRow, session_scope
 from cli.evals import report_table, totals_line
 from tests.test_api_agents import assert_problem
@@ -35,7 +35,7 @@ LIVE = [{"reply": '{"summary": "ok"}'}]
 DRAFT = [{"reply": '{"headline": "wrong shape"}'}]
 FAST = {"max_attempts": 2, "initial_interval_s": 0.01, "backoff_coefficient": 1}
 CLOSED = ("completed", "failed", "rejected")
-SIDES = ("baseline", "candidate")
+SIDES: tuple[Side, Side] = ("baseline", "candidate")
 
 
 @pytest.fixture
