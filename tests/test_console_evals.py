@@ -1,26 +1,35 @@
 """The console's eval view in real Chromium (Debian's, through Playwright) against the
 real API on a SQLite file, evals written as the eval workflow leaves them: the agent
 page's list, the eval page's totals, table and side-by-side answers, its live progress,
-and model text shown as text (an XSS attempt stays inert), at laptop and phone widths."""
+and model text shown as text (an XSS attempt stays inert), at laptop and phone widths;
+and an eval run on the real stack, its two replays' transcripts side by side."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
+from temporalio.testing import WorkflowEnvironment
 
+from api.ui.evals import TRANSCRIPT_SHOWN
+from baton.contracts.workflow_io import Provenance
+from baton.runs import session_store
 from baton.settings import Settings
 from baton.storage.db import EvalRow, make_engine, session_scope
+from tests import test_evals
 from tests.eval_helpers import insert_eval, report, session_report
 from tests.helpers import publish
-from tests.test_console import LAPTOP, PHONE, browser, console_context, shot
+from tests.test_api_reviews import Stack
+from tests.test_console import CHROMIUM, CHROMIUM_ARGS, LAPTOP, PHONE, console_context, shot
+from tests.test_evals import finished, record, stack, start
 
-__all__ = ["browser"]  # the module's Chromium fixture
+__all__ = ["stack"]  # a real stack (API, worker, Temporal) per test that asks for one
 
 XSS = '<img src=x onerror="window.__pwned=1">Paris <script>window.__pwned=2</script>'
 
@@ -34,6 +43,21 @@ def engine(settings: Settings, api: httpx.Client) -> Iterator[Engine]:
         yield eng
     finally:
         eng.dispose()
+
+
+@pytest.fixture(scope="module")
+def browser(temporal_env: WorkflowEnvironment) -> Iterator[Browser]:
+    """One headless system Chromium for the module, launched once the Temporal dev server
+    runs: the server is an async fixture, which cannot start while sync Playwright's event
+    loop runs in this thread (as it would for a real eval after the first test)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} missing: `apt-get install chromium` (.ci/run does it)")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
 
 
 def _open(browser: Browser, viewport: dict[str, int]) -> Page:
@@ -107,7 +131,6 @@ def test_the_agent_page_lists_evals_and_the_eval_page_compares_side_by_side(
                 "block invoke helper"
             )
             _fits(page)
-            shot(page, f"page-eval{suffix}", tmp_path)
         finally:
             page.context.close()
     assert running
@@ -144,3 +167,154 @@ def test_a_running_eval_shows_its_progress_live(
         expect(page.locator("#eval-sessions tbody tr[data-session]")).to_have_count(2)
     finally:
         page.context.close()
+
+
+def _replay(engine: Engine, session_id: str, eval_id: str | None, texts: list[str]) -> None:
+    """A session of ``writer`` (a replay of ``eval_id``, or an ordinary one for None)
+    holding a user message then, for each of ``texts``, an assistant turn calling
+    ``lookup`` and the tool's JSON output."""
+    with session_scope(engine) as s:
+        session_store.create_session(
+            s,
+            session_id=session_id,
+            agent_slug="writer",
+            agent_version=1,
+            provenance=Provenance(eval_id=eval_id),
+            name=session_id,
+        )
+        messages: list[dict[str, Any]] = [{"role": "user", "text": "question"}]
+        for text in texts:
+            call = [{"id": f"c{len(messages)}", "name": "lookup", "args": {"q": text}}]
+            messages.append({"role": "assistant", "text": text, "tool_calls": call})
+            messages.append(
+                {
+                    "role": "tool",
+                    "text": '{"found": [1, 2]}',
+                    "tool_name": "lookup",
+                    "tool_args": {"q": text},
+                }
+            )
+        for n, m in enumerate(messages):
+            session_store.add_message(
+                s,
+                message_id=f"{session_id}:{n:04d}",
+                session_id=session_id,
+                position=f"{n:08d}",
+                agent_slug="writer",
+                **m,
+            )
+
+
+def test_replay_transcripts_are_bounded_escaped_and_only_the_evals_own(
+    api: httpx.Client, engine: Engine, browser: Browser
+) -> None:
+    """Each session's replay transcripts show their first messages (role, text, tool calls
+    by name, a tool's JSON output collapsed and indented), model text as text (markup runs
+    nothing), a link to the rest when more follow; a report naming a session that is not
+    one of the eval's replays shows no transcript of it."""
+    item = session_report(1, baseline="a", candidate="b")
+    done = insert_eval(engine, "writer", report_body=report([item]), total=1, changed=1)
+    _replay(engine, "sess-b1", done, [XSS] + [f"turn {n}" for n in range(40)])
+    _replay(engine, "sess-c1", None, ["an ordinary session's secret"])
+    page = _open(browser, PHONE)
+    try:
+        page.goto(f"{api.base_url}/ui/agents/writer/evals/{done}")
+        left = page.locator('#s-1 .transcript.replay[data-side="baseline"]')
+        expect(left.locator("li.msg")).to_have_count(TRANSCRIPT_SHOWN)
+        first = left.locator("li.msg").nth(0)
+        expect(first.locator(".who")).to_have_text("user")
+        hostile = left.locator("li.msg-assistant").nth(0)
+        expect(hostile.locator(".text")).to_have_text(XSS)
+        expect(hostile.locator(".calls")).to_have_text("→ lookup")
+        assert hostile.locator("img, script").count() == 0
+        assert page.evaluate("() => window.__pwned") is None
+        tool = left.locator("li.msg-tool").nth(0)
+        expect(tool.locator("summary")).to_contain_text("tool lookup")
+        expect(tool.locator("pre.text")).to_be_hidden()
+        tool.locator("summary").click()
+        assert tool.locator("pre.text").inner_text() == '{\n  "found": [\n    1,\n    2\n  ]\n}'
+        more = page.locator("#s-1 .side-baseline .more a")
+        expect(more).to_have_attribute("href", "/ui/sessions/sess-b1")
+        expect(page.locator('#s-1 .transcript.replay[data-side="candidate"]')).to_have_count(0)
+        expect(page.locator('#s-1 .empty[data-side="candidate"]')).to_have_text("No transcript.")
+        assert "secret" not in page.content()
+        _fits(page)
+    finally:
+        page.context.close()
+
+
+#: The live agent: a capital question is answered, a sum calls the calculator.
+CAPITALS: list[dict[str, Any]] = [
+    {"when": "^calculator: ", "reply": "The sum is {last_message}."},
+    {"when": "capital", "reply": "The capital of France is Paris."},
+    {
+        "when": "sum",
+        "reply": "Computing.",
+        "tool_calls": [{"tool": "calculator", "args": {"expression": "6*7"}}],
+    },
+    {"reply": "plain: {last_message}"},
+]
+#: The draft: one answer changed.
+CAPITALS_DRAFT = [CAPITALS[0], {"when": "capital", "reply": "The capital of France is Lyon."}]
+CAPITALS_DRAFT += CAPITALS[2:]
+
+
+def test_a_real_eval_shows_both_replays_transcripts_side_by_side(
+    stack: Stack, browser: Browser, tmp_path: Path
+) -> None:
+    """An eval run through the API of a draft that changes one answer: its page shows, per
+    session, the baseline replay's and the candidate replay's transcripts side by side on
+    a laptop (stacked on a phone, nothing scrolling sideways), each message with its role,
+    the changed answer in each column, a tool's output collapsed under its name."""
+    http = stack.http
+    test_evals.publish(http, "helper", CAPITALS, tools=["calculator"])
+    asked = record(http, "helper", "What is the capital of France?")
+    summed = record(http, "helper", "sum please")
+    draft = {"playbook": CAPITALS_DRAFT, "tools": ["calculator"]}
+    assert http.put("/v1/agents/helper/draft", json=draft).status_code == 200
+    body = finished(http, "helper", start(http, "helper", sessions=2)["id"])
+    assert (body["status"], body["changed"]) == ("completed", 1)
+    replays = {i["session_id"]: i for i in body["report"]["sessions"]}
+    for suffix, viewport in (("", LAPTOP), ("-phone", PHONE)):
+        page = _open(browser, viewport)
+        try:
+            page.goto(f"{stack.url}/ui/agents/helper/evals/{body['id']}")
+            card = page.locator(f'section.compare[data-session="{asked}"]')
+            left = card.locator('.transcript.replay[data-side="baseline"]')
+            right = card.locator('.transcript.replay[data-side="candidate"]')
+            for side, column in (("baseline", left), ("candidate", right)):
+                expect(column.locator("li.msg")).to_have_count(2)
+                user, answer = column.locator("li.msg").nth(0), column.locator("li.msg").nth(1)
+                expect(user.locator(".who")).to_have_text("user")
+                expect(user.locator(".text")).to_have_text("What is the capital of France?")
+                expect(answer.locator(".who")).to_have_text("helper")
+                link = card.locator(
+                    f".side-{side} a[href='/ui/sessions/{replays[asked][side + '_session_id']}']"
+                )
+                expect(link.first).to_be_visible()
+            expect(left.locator("li.msg-assistant .text")).to_have_text(
+                "The capital of France is Paris."
+            )
+            expect(right.locator("li.msg-assistant .text")).to_have_text(
+                "The capital of France is Lyon."
+            )
+            lbox, rbox = left.bounding_box(), right.bounding_box()
+            assert lbox is not None and rbox is not None
+            if viewport is LAPTOP:  # two columns, level with each other
+                assert rbox["x"] >= lbox["x"] + lbox["width"] and abs(rbox["y"] - lbox["y"]) < 2
+            else:  # one column, the candidate under the baseline
+                assert rbox["y"] >= lbox["y"] + lbox["height"] and abs(rbox["x"] - lbox["x"]) < 2
+            tool = page.locator(
+                f'section.compare[data-session="{summed}"] '
+                '.transcript.replay[data-side="candidate"] li.msg-tool'
+            )
+            expect(tool.locator("summary")).to_contain_text("tool calculator")
+            expect(tool.locator("pre.text")).to_be_hidden()
+            _fits(page)
+            # The picture shows the changed session: on a laptop its card (answers and
+            # transcripts), on a phone its transcripts (under the answers there).
+            top = card if viewport is LAPTOP else card.locator(".transcripts-h")
+            top.evaluate("e => e.scrollIntoView()")
+            shot(page, f"page-eval{suffix}", tmp_path)
+        finally:
+            page.context.close()

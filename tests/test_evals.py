@@ -221,6 +221,45 @@ def test_a_recorded_denied_review_is_replayed_denied(stack: Stack) -> None:
     assert http.get("/v1/sessions", params={"agent": "target"}).json()["count"] == targets_before
 
 
+def test_a_recorded_timed_out_review_is_replayed_as_a_timeout(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A recording whose invoke review nobody decided (it timed out) is replayed with that
+    review timed out again on both sides, from the recording: the replays' audit rows read
+    ``review_timeout`` (not a person's denial), no person is asked, the target never runs."""
+    with running_stack(
+        temporal_env, tmp_path / "timeout.db", review_timeout=2.0, review_delivery_grace=0
+    ) as quick:
+        http = quick.http
+        publish(http, "target", [{"reply": "target says hi"}])
+        publish(http, "helper", LIVE, tools=["calculator"])
+        resp = http.post("/v1/sessions", json={"agent": "helper", "prompt": "ask one"})
+        assert resp.status_code == 201, resp.text
+        recorded = resp.json()["session_id"]
+        poll(
+            lambda: http.get(f"/v1/sessions/{recorded}").json()["status"] == "idle",
+            f"{recorded}'s review to time out",
+            timeout=120,
+        )
+        audit = http.get("/v1/audit", params={"session_id": recorded}).json()["data"]
+        assert [a["outcome"] for a in audit if a.get("review_id")] == ["review_timeout"]
+        targets_before = http.get("/v1/sessions", params={"agent": "target"}).json()["count"]
+        body = finished(http, "helper", start(http, "helper", candidate="helper@1")["id"])
+        assert (body["status"], body["changed"]) == ("completed", 0)
+        (item,) = body["report"]["sessions"]
+        assert item["session_id"] == recorded
+        timed_out = {"operation": "invoke", "target": "target", "decision": "review"}
+        for side in ("baseline", "candidate"):
+            assert item["decisions"][side] == [{**timed_out, "outcome": "review_timeout"}]
+            assert (
+                "the recorded review of this call ended 'review_timeout'" in (item["final"][side])
+            )
+            assert "target says hi" not in item["final"][side]
+        assert http.get("/v1/reviews", params={"status": "pending"}).json()["count"] == 0
+        targets = http.get("/v1/sessions", params={"agent": "target"}).json()["count"]
+        assert targets == targets_before
+
+
 def test_a_policy_allowed_invoke_with_no_recording_is_refused_unrecorded(stack: Stack) -> None:
     """The policy allows invokes (no review), and the draft invokes the target where the
     recording computed: the replay records the policy's allow, then refuses the call

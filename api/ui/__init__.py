@@ -28,6 +28,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from api.deps import TOKEN_COOKIE, Caller, app_temporal, get_caller, require_same_origin
 from api.routers import evals as eval_routes
 from api.routers.agents import get_agent, get_policies, list_revisions
+from api.routers.sessions import get_transcript
 from api.routers.steps import get_step, get_step_transcript
 from api.routers.teams import get_team
 from api.ui import agents as ui_agents
@@ -43,7 +44,7 @@ from baton.permissions import reviews
 from baton.providers import voice
 from baton.runs import inquiries, run_tree, session_store
 from baton.settings import Settings
-from baton.storage.db import ReviewRow, StepRow, session_scope
+from baton.storage.db import ReviewRow, SessionRow, StepRow, session_scope
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(
@@ -432,10 +433,22 @@ def eval_page(request: Request, slug: str, eval_id: str, caller: UiCaller) -> HT
     """An eval (docs/change-safely.md, The comparison): its totals, a table of its
     sessions, and per session the baseline's and the candidate's final answers side by
     side with the differing words marked, their tool sequences and cross-agent
-    decisions. While it runs the page follows ``GET /v1/agents/{slug}/evals/{id}``.
-    Reads through the API's function (404 ``eval_not_found``, 403)."""
+    decisions, and the first messages of its two replays' transcripts. While it runs the
+    page follows ``GET /v1/agents/{slug}/evals/{id}``. Reads through the API's functions
+    (404 ``eval_not_found``, 403; each transcript as ``GET /v1/sessions/{id}/transcript``
+    reads it)."""
     with session_scope(request.app.state.engine) as s:
         found = eval_routes.get_eval(slug, eval_id, s, caller)
+        sessions = ui_evals.session_views(found.report or {})
+        for view in sessions:
+            if view.get("kind") == "step":
+                continue
+            view["transcripts"] = {
+                side: ui_evals.transcript_view(
+                    _replay_transcript(s, caller, found.id, view.get(f"{side}_session_id"))
+                )
+                for side in ("baseline", "candidate")
+            }
     report = found.report or {}
     return _page(
         request,
@@ -443,8 +456,24 @@ def eval_page(request: Request, slug: str, eval_id: str, caller: UiCaller) -> HT
         caller,
         ev=found.model_dump(mode="json", exclude={"report"}),
         totals=report.get("totals") or {},
-        sessions=ui_evals.session_views(report),
+        sessions=sessions,
+        transcript_shown=ui_evals.TRANSCRIPT_SHOWN,
     )
+
+
+def _replay_transcript(
+    s: Session, caller: Caller, eval_id: str, session_id: Any
+) -> session_store.Transcript | None:
+    """The first :data:`~api.ui.evals.TRANSCRIPT_SHOWN` messages of ``session_id``, read by
+    the transcript endpoint's own function (its visibility rule with it), when it is a
+    replay of ``eval_id``; None for no id, no such session, or a session of another eval
+    (a report names only its own replays: anything else is not shown)."""
+    if not isinstance(session_id, str) or not session_id:
+        return None
+    row = s.get(SessionRow, session_id)
+    if row is None or row.eval_id != eval_id:
+        return None
+    return get_transcript(session_id, s, caller, limit=ui_evals.TRANSCRIPT_SHOWN)
 
 
 @router.post("/spec/parse")

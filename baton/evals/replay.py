@@ -14,7 +14,8 @@ list_sessions`). Its calls never reach the outside world unless the eval says so
 - a cross-agent call: the policy decision is evaluated as for any session and recorded
   in the audit log (``decided_by`` ``eval:policy``); a ``review`` never asks a person: it is
   answered by the recorded session's review of the same operation and target
-  (``eval:recording``) and denied without one (``eval:unrecorded``).
+  (``eval:recording``, its audit row carrying the recorded outcome: a timeout stays
+  ``review_timeout``) and denied without one (``eval:unrecorded``).
 - an invoke or another delegation: answered with the recorded session's result of the
   same call, else refused ``eval_unrecorded``; no other agent runs.
 """
@@ -24,14 +25,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from baton.contracts.codes import EVAL_UNRECORDED
 from baton.errors import BatonError
-from baton.permissions.reviews import add_audit
+from baton.permissions.reviews import AuditOutcome, add_audit
 from baton.runs import session_store
 from baton.runs.handoff import REVISE_PROMPT
 from baton.storage.db import AuditRow, EvalRow, SessionRow, StepRow, UsageRow
@@ -295,6 +296,11 @@ def answer_delegation(
     return _recorded_result(s, replay.recorded, name, args) or unrecorded(name)
 
 
+#: The audit outcomes a recorded review can end with; a replay answering a review from the
+#: recording carries the recorded one as it is (a timeout stays ``review_timeout``).
+_RECORDED_OUTCOMES: dict[str, AuditOutcome] = {o: o for o in get_args(AuditOutcome)}
+
+
 def recorded_review(s: Session, *, recorded: str, operation: str, target: str | None) -> str | None:
     """The outcome of the recorded session's review of ``operation`` on ``target`` (its
     first: ``allow``, ``denied_by_user``, ``review_timeout``…), or None when it had none."""
@@ -404,7 +410,9 @@ def decide_in_replay(
         caller=caller,
         operation=operation,
         target=target,
-        outcome="allow" if outcome == "allow" else ("denied_by_user" if outcome else "block"),
+        # The recorded outcome as it is (allow, denied_by_user, review_timeout…); block
+        # with none to answer from (or an outcome no audit row carries today).
+        outcome=_RECORDED_OUTCOMES.get(outcome or "", "block"),
         decided_by=BY_RECORDING if outcome else BY_UNRECORDED,
         reason=f"review answered from the recording: {outcome}"
         if outcome
