@@ -34,9 +34,17 @@ from tests.test_auth import add_user
 
 @pytest.fixture
 def stack(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
-    """API + worker with a 4 s review timeout (the timeout test waits it out)."""
+    """API + worker with the default review timeout: a decision made here never races a
+    timer, however loaded the machine."""
+    with running_stack(temporal_env, tmp_path / "mcp.db") as s:
+        yield s
+
+
+@pytest.fixture
+def quick(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
+    """API + worker with a 4 s review timeout, for the tests that wait it out."""
     with running_stack(
-        temporal_env, tmp_path / "mcp.db", review_timeout=4, review_delivery_grace=0
+        temporal_env, tmp_path / "quick.db", review_timeout=4, review_delivery_grace=0
     ) as s:
         yield s
 
@@ -205,16 +213,20 @@ def test_refusals_are_tool_errors_that_start_with_their_code(stack: Stack) -> No
     }
 
 
-def test_review_timeout_and_deny_are_coded_tool_errors(stack: Stack) -> None:
+def test_review_timeout_and_deny_are_coded_tool_errors(stack: Stack, quick: Stack) -> None:
     """A review nobody decides times out (4 s here) as ``review_timeout: …``; a denied one
     is ``review_denied: …``; the session is idle again afterwards."""
-    http = stack.http
-    agent(http, "outside")
-    agent(http, "target", [{"reply": "hi"}])
-    opened = external(http, "outside")
-    url, token = opened["mcp_url"], opened["proxy_token"]
+    for http in (quick.http, stack.http):
+        agent(http, "outside")
+        agent(http, "target", [{"reply": "hi"}])
+    timing_out = external(quick.http, "outside")
+    url, token = timing_out["mcp_url"], timing_out["proxy_token"]
     failed, body = asyncio.run(call(url, token, "invoke_agent", slug="target", prompt="x"))
     assert failed and body.startswith("review_timeout: "), body
+
+    http = stack.http  # the denial: no timer to race on a loaded machine
+    opened = external(http, "outside")
+    url, token = opened["mcp_url"], opened["proxy_token"]
 
     def deny() -> None:
         review = pending(http)[0]
@@ -333,12 +345,12 @@ def test_auth_mode_session_belongs_to_the_user_and_the_token_uses_her_roles(
 
 
 def test_a_call_waiting_for_review_sends_progress(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
+    quick: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a call waits for its review (here until the 4 s timeout), the server sends MCP
     progress notifications (every KEEPALIVE_S, shortened here) on the call's stream."""
     monkeypatch.setattr(external_mod, "KEEPALIVE_S", 0.5)
-    http = stack.http
+    http = quick.http
     agent(http, "outside")
     agent(http, "target", [{"reply": "hi"}])
     opened = external(http, "outside")

@@ -627,13 +627,15 @@ async def test_decision_sent_as_soon_as_the_review_row_is_visible_is_applied(
     worker, slow = slow_worker
     setup_pair(db_engine, "invoke_agent", INVOKE_SYNC)
     client = temporal_env.client
-    config = TEST_CONFIG.model_copy(update={"review_timeout_s": 3.0})
+    # The deadline is far: what decides here is the order (the decision before the workflow
+    # saw its review), not the clock, which a loaded machine (two suites at once) stretches.
+    config = TEST_CONFIG.model_copy(update={"review_timeout_s": 30.0})
     launched = await launch(client, db_engine, worker, "caller", "go", sync=False, config=config)
     assert await asyncio.to_thread(slow.opened.wait, 20)
     (review,) = await pending_review(db_engine, launched.session_id)  # visible to API and CLI
     await decide(client, review, "allow_once", decided_by="alice")
     slow.release.set()
-    row = await settled(db_engine, review.id, timeout=20)
+    row = await settled(db_engine, review.id, timeout=90)
     late = await client.get_workflow_handle(launched.session_id).query("late_decisions")
     assert (row.status, row.decided_by, late) == ("allowed", "alice", [])
 
@@ -823,7 +825,8 @@ async def test_audit_rows_record_blocks_and_every_review_outcome(
     )
     set_policy(db_engine, "list", "block")
     client = temporal_env.client
-    config = TEST_CONFIG.model_copy(update={"review_timeout_s": 2.0})
+    # Long enough for two decisions on a loaded machine; the third review is left to time out.
+    config = TEST_CONFIG.model_copy(update={"review_timeout_s": 10.0})
     sid = (await launch(client, db_engine, worker, "caller", "list", config=config)).session_id
     decided: list[str] = []
     for prompt, decision, who in (("one", "allow_once", "alice"), ("two", "deny", "bob")):
@@ -834,7 +837,7 @@ async def test_audit_rows_record_blocks_and_every_review_outcome(
         decided.append(review.id)
     await send_message(client, db_engine, session_id=sid, prompt="read", sync=False)
     (review,) = await open_reviews(client, db_engine, sid)
-    await settled(db_engine, review.id, timeout=15)
+    await settled(db_engine, review.id, timeout=60)
     await until_idle(client, db_engine, sid)
     decided.append(review.id)
     rows = audit_rows(db_engine)
