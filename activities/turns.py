@@ -772,9 +772,15 @@ class SessionActivities:
         inp = stream.inp
         out = stream.streamed // metering.CHARS_PER_TOKEN
         spent = metering.price_cost(inp.prices, stream.model, stream.input_estimate, out)
+        await self._record_cut(stream, spent)
+        await self._in_db(self._keep_partial, inp, stream.whole)
+
+    async def _record_cut(self, stream: _Stream, spent: float | None) -> None:
+        """Meter a stream cut before its reply ended (the balance ran out, or a newer
+        message interrupted it): what it streamed so far, at ``spent`` USD."""
         await self._in_db(
             self._cut,
-            inp,
+            stream.inp,
             stream.model,
             stream.input_estimate,
             stream.streamed,
@@ -782,7 +788,6 @@ class SessionActivities:
             stream.buffer,
             stream.attempt,
         )
-        await self._in_db(self._keep_partial, inp, stream.whole)
 
     async def _store_reply(
         self,
@@ -828,16 +833,7 @@ class SessionActivities:
                 balance=stream.balance,
             )
             if spent is not None:
-                await self._in_db(
-                    self._cut,
-                    inp,
-                    stream.model,
-                    stream.input_estimate,
-                    stream.streamed,
-                    spent,
-                    stream.buffer,
-                    stream.attempt,
-                )
+                await self._record_cut(stream, spent)
                 raise ApplicationError(
                     f"{BALANCE_EXHAUSTED}: the balance ran out during the reply "
                     f"(about ${spent:.4f} of ${stream.balance:.4f}); the stream was cancelled",

@@ -158,6 +158,13 @@ def stack(
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """One headless system Chromium for the module."""
+    with system_chromium() as chromium:
+        yield chromium
+
+
+@contextmanager
+def system_chromium() -> Iterator[Browser]:
+    """Debian's Chromium, headless, through sync Playwright (which never downloads one)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} missing: `apt-get install chromium` (.ci/run does it)")
     with sync_playwright() as pw:

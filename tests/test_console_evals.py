@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from temporalio.testing import WorkflowEnvironment
@@ -26,7 +26,7 @@ from tests import test_evals
 from tests.eval_helpers import insert_eval, report, session_report
 from tests.helpers import publish
 from tests.test_api_reviews import Stack
-from tests.test_console import CHROMIUM, CHROMIUM_ARGS, LAPTOP, PHONE, console_context, shot
+from tests.test_console import LAPTOP, PHONE, console_context, shot, system_chromium
 from tests.test_evals import finished, record, stack, start
 
 __all__ = ["stack"]  # a real stack (API, worker, Temporal) per test that asks for one
@@ -50,14 +50,8 @@ def browser(temporal_env: WorkflowEnvironment) -> Iterator[Browser]:
     """One headless system Chromium for the module, launched once the Temporal dev server
     runs: the server is an async fixture, which cannot start while sync Playwright's event
     loop runs in this thread (as it would for a real eval after the first test)."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} missing: `apt-get install chromium` (.ci/run does it)")
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with system_chromium() as chromium:
+        yield chromium
 
 
 def _open(browser: Browser, viewport: dict[str, int]) -> Page:
