@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.helpers import READY_TIMEOUT_S
 from tests.test_api_reviews import (
     INVOKE_SYNC,
     Stack,
@@ -33,7 +31,7 @@ from tests.test_api_reviews import (
 )
 from tests.test_cli_steps import INPUT, SCHEMA, STEP_ID, invoke
 from tests.xagent_helpers import caller_playbook
-from worker.stack import free_port, port_free, stop_process
+from worker.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BATON = str(Path(sys.executable).with_name("baton"))
@@ -327,38 +325,6 @@ def test_docs_render_in_a_browser_with_the_network_cut_off(stack: Stack) -> None
         finally:
             browser.close()
     assert refused == []
-
-
-def test_dev_banner_prints_the_temporal_frontend_address(tmp_path: Path) -> None:
-    """`baton dev` (a real process) prints the Temporal frontend it started in its banner;
-    a SIGTERM right after the banner (before the services' own handler) still stops the
-    Temporal dev server it started (it was left running, orphaned)."""
-    ports = [free_port() for _ in range(3)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
-    env |= {"COLUMNS": "300", "NO_COLOR": "1"}
-    api, frontend, ui = (str(p) for p in ports)
-    proc = subprocess.Popen(
-        [BATON, "dev", "--port", api, "--temporal-port", frontend, "--ui-port", ui],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        banner = ""
-        for line in proc.stdout:
-            if "Baton is up" in line:
-                banner = line
-                break
-        assert f"Temporal 127.0.0.1:{frontend}  Temporal UI http://" in banner, banner
-    finally:
-        stop_process(proc, timeout=30)
-    deadline = time.monotonic() + READY_TIMEOUT_S  # polled: ends once the port is free
-    while not port_free(int(frontend)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert port_free(int(frontend)), "the Temporal dev server outlived `baton dev`"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make to read the Makefile")

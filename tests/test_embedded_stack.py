@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,12 +24,14 @@ from temporalio.testing import WorkflowEnvironment
 import worker.stack as stack_module
 from baton.settings import Settings
 from tests.conftest import migrated
+from tests.helpers import READY_TIMEOUT_S
 from tests.test_api_reviews import agent
 from worker.stack import (
     DevServer,
     PortInUse,
     ServicesThread,
     free_port,
+    port_free,
     stack_task_queue,
     stop_process,
 )
@@ -60,33 +63,69 @@ class Dev:
         return next(line for line in self.lines if "Baton is up" in line)
 
 
-@contextmanager
-def baton_dev(folder: Path) -> Iterator[Dev]:
-    """`baton dev` in ``folder`` on free ports, up to its banner; stopped afterwards."""
-    folder.mkdir(parents=True, exist_ok=True)
-    api, frontend, ui = free_port(), free_port(), free_port()
-    cmd = [BATON, "dev", "--port", str(api), "--temporal-port", str(frontend)]
+#: Output of a start that lost a port to another process between the pick and the bind.
+PORT_RACE = re.compile(r"is already in use|address already in use", re.IGNORECASE)
+
+
+def _start_dev(folder: Path) -> tuple[subprocess.Popen[str], tuple[int, int, int], list[str]]:
+    """One `baton dev` in ``folder`` on free ports, read up to its banner (and the
+    BATON_API_URL hint after it) or to the end of its output (a failed start exits)."""
+    ports = (free_port(), free_port(), free_port())
+    api, frontend, ui = (str(p) for p in ports)
     proc = subprocess.Popen(
-        [*cmd, "--ui-port", str(ui)],
+        [BATON, "dev", "--port", api, "--temporal-port", frontend, "--ui-port", ui],
         env=_env(),
         cwd=folder,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Baton is up" in line:
+            lines.append(proc.stdout.readline())
+            break
+    return proc, ports, lines
+
+
+@contextmanager
+def baton_dev(folder: Path) -> Iterator[Dev]:
+    """`baton dev` in ``folder`` on free ports, up to its banner; stopped afterwards.
+
+    A free port can be taken by any other process of a loaded machine before `baton dev`
+    binds it (its refusal is one line and exit 1, tested on its own): such a start is
+    tried again on fresh ports, up to three times. Any other failed start fails the test
+    with everything it printed and the tail of its Temporal log."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(3):
+        proc, (api, frontend, ui), lines = _start_dev(folder)
+        if any("Baton is up" in line for line in lines):
+            break
+        stop_process(proc, timeout=60)
+        if not PORT_RACE.search("".join(lines)):
+            log = folder / ".baton" / "temporal.log"
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+            pytest.fail(f"`baton dev` did not start:\n{''.join(lines)}\n{tail}")
+    else:
+        pytest.fail(f"`baton dev` lost a port race three times:\n{''.join(lines)}")
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        # Blocks until the banner or the end of the output (a failed start exits).
-        for line in proc.stdout:
-            lines.append(line)
-            if "Baton is up" in line:
-                lines.append(proc.stdout.readline())  # the BATON_API_URL hint follows
-                break
-        assert any("Baton is up" in line for line in lines), "".join(lines)
         yield Dev(proc, folder, api, frontend, ui, lines)
     finally:
         stop_process(proc, timeout=60)
+
+
+def test_dev_banner_prints_the_temporal_frontend_address(tmp_path: Path) -> None:
+    """`baton dev` (a real process) prints the Temporal frontend it started in its banner;
+    a SIGTERM right after the banner (before the services' own handler) still stops the
+    Temporal dev server it started (it was left running, orphaned)."""
+    with baton_dev(tmp_path) as dev:
+        assert f"Temporal 127.0.0.1:{dev.frontend}  Temporal UI http://" in dev.banner
+    deadline = time.monotonic() + READY_TIMEOUT_S  # polled: ends once the port is free
+    while not port_free(dev.frontend) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert port_free(dev.frontend), "the Temporal dev server outlived `baton dev`"
 
 
 def test_a_server_that_won_the_race_for_the_port_is_not_taken_for_ours(
