@@ -28,7 +28,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.outcomes import heartbeating
+from activities.outcomes import cancel_requested, heartbeating
 from activities.turns import reply_usage
 from baton.contracts.activity_io import (
     EvalEnd,
@@ -48,15 +48,6 @@ from baton.storage.db import EvalRow, MessageRow, SessionRow, StepRow, session_s
 #: Seconds between two looks at a replay session still answering (a retried replay waits
 #: for the turn its lost attempt sent).
 SETTLE_POLL_S = 0.2
-
-
-def eval_cancelled() -> bool:
-    """Whether this replay attempt was cancelled because its eval was (the workflow
-    cancelled the activity), so its replay run is cancelled with it. An attempt that
-    timed out, lost its worker or was otherwise cut off leaves the run alone: the retried
-    attempt attaches to it and goes on."""
-    details = activity.cancellation_details()
-    return details is not None and details.cancel_requested
 
 
 class EvalActivities:
@@ -126,7 +117,7 @@ class EvalActivities:
                 if status not in CLOSED_STATUSES:
                     await self._send(inp, sid, name, prov, turns, sent)
         except asyncio.CancelledError:
-            if eval_cancelled():
+            if cancel_requested():  # the eval was cancelled, not this attempt cut off
                 with contextlib.suppress(Exception):
                     await launch.cancel_session(self._client, self._engine, session_id=sid)
             raise
@@ -245,7 +236,7 @@ class EvalActivities:
                 with contextlib.suppress(WorkflowFailureError):
                     await handle.result()  # a failed step is a finding, read from its row
         except asyncio.CancelledError:
-            if eval_cancelled():
+            if cancel_requested():  # the eval was cancelled, not this attempt cut off
                 with contextlib.suppress(Exception):
                     await launch.cancel_run(self._client, workflow_id=sid)
             raise

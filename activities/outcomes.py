@@ -27,6 +27,16 @@ from baton.runs import run_tree, session_store
 PREVIEW_CHARS = 200
 
 
+def cancel_requested() -> bool:
+    """Whether this attempt was cancelled because its workflow asked: an interrupting
+    message, a cancelled session, step or eval. False for an attempt that was cut off
+    instead (its heartbeat timed out, its worker is shutting down, it was not found):
+    the retry redoes its work, so such an attempt must leave nothing behind that the
+    retry would take for done (a half-streamed reply, a cancelled run)."""
+    details = activity.cancellation_details()
+    return details is not None and details.cancel_requested
+
+
 def _beat_interval() -> float:
     """Half the activity's heartbeat timeout in seconds (STYLE 5), 10 s without one."""
     timeout = activity.info().heartbeat_timeout

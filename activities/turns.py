@@ -47,6 +47,7 @@ from temporalio.exceptions import ApplicationError
 from activities.outcomes import (
     PREVIEW_CHARS,
     call_message,
+    cancel_requested,
     cancelled_outcome,
     claimed_args,
     heartbeating,
@@ -753,7 +754,11 @@ class SessionActivities:
                         await self._on_event(stream, event)
                     response = events.get()
             except asyncio.CancelledError:
-                await self._interrupted(stream)
+                # Only an interrupt keeps what was streamed: an attempt cut off (heartbeat
+                # timeout, worker shutdown) is retried, and a partial reply stored under
+                # its message id would be taken for the whole one, its tool calls lost.
+                if cancel_requested():
+                    await self._interrupted(stream)
                 raise
             except (ModelAPIError, UserError) as exc:
                 mapped = _classify(exc)

@@ -18,7 +18,7 @@ import pytest
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.evals import eval_cancelled
+from activities.outcomes import cancel_requested
 from baton.evals import replay
 from baton.runs import session_store
 from baton.storage.db import EvalRow, init_db, make_engine, session_scope
@@ -157,12 +157,13 @@ def _up(http: httpx.Client) -> bool:
         (ActivityCancellationDetails(not_found=True), False),
     ],
 )
-async def test_only_a_cancelled_eval_cancels_a_replays_run(
+async def test_only_a_cancel_the_workflow_asked_for_counts_as_cancelled(
     details: ActivityCancellationDetails, cancels_the_run: bool
 ) -> None:
-    """A replay attempt cancelled because its eval was cancels its run; one that timed out
-    (a missed heartbeat under load), lost its worker or is unknown leaves it running for
-    the retried attempt to attach to."""
+    """An attempt cancelled because its workflow asked (a cancelled eval: its replay's run
+    is cancelled; an interrupt: the streamed text is kept) counts as cancelled; one that
+    timed out (a missed heartbeat under load), lost its worker or is unknown does not,
+    and leaves its work for the retried attempt."""
     env = ActivityEnvironment()
     seen: list[bool] = []
 
@@ -170,7 +171,7 @@ async def test_only_a_cancelled_eval_cancels_a_replays_run(
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:
-            seen.append(eval_cancelled())
+            seen.append(cancel_requested())
             raise
 
     task = asyncio.ensure_future(env.run(attempt))

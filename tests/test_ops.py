@@ -30,10 +30,10 @@ from baton.contracts.workflow_io import Provenance
 from baton.runs import session_store
 from baton.runs.launch import launch_session
 from baton.settings import Settings
-from baton.storage.db import init_db, make_engine, session_scope
+from baton.storage.db import MessageRow, init_db, make_engine, session_scope
 from tests.conftest import migrated, serve
 from tests.forwarder import Forwarder
-from tests.helpers import TEST_CONFIG, publish
+from tests.helpers import READY_TIMEOUT_S, TEST_CONFIG, publish, status, wait_for
 from worker.factory import build_worker, deployment_config
 from worker.stack import API_GRACEFUL_SHUTDOWN_S, ServicesThread, free_port
 
@@ -148,8 +148,18 @@ class _Stopped:
     """What a `baton worker` stopped by SIGTERM mid-turn left: exit code, seconds from the
     signal to its exit, its output, and the session's history."""
 
-    def __init__(self, code: int, took: float, out: str, err: str, history: Any) -> None:
+    def __init__(
+        self,
+        code: int,
+        took: float,
+        out: str,
+        err: str,
+        history: Any,
+        messages: list[MessageRow] | None = None,
+    ) -> None:
         self.code, self.took, self.out, self.err, self.history = code, took, out, err, history
+        #: The session's transcript once another worker ended its turn (``resume``).
+        self.messages = messages or []
 
     def model_turns_completed(self) -> int:
         """How many model_turn activities completed in the session's history."""
@@ -169,16 +179,27 @@ class _Stopped:
         )
 
 
+#: A turn that streams for 4 s.
+SLOW_REPLY = [{"reply": "w " * 40, "chunk_delay_ms": 100}]
+
+
 async def _stop_worker_mid_turn(
-    temporal_env: WorkflowEnvironment, tmp_path: Path, grace_s: int, **extra: str
+    temporal_env: WorkflowEnvironment,
+    tmp_path: Path,
+    grace_s: int,
+    playbook: list[dict[str, Any]] = SLOW_REPLY,
+    resume: bool = False,
+    tools: tuple[str, ...] = (),
+    **extra: str,
 ) -> _Stopped:
-    """Run `baton worker` (environment plus ``extra``), start a 4 s turn on it, SIGTERM it
-    once the turn runs, and wait for it to exit."""
+    """Run `baton worker` (environment plus ``extra``), start a turn of ``playbook`` on it,
+    SIGTERM it once the turn runs, and wait for it to exit. ``resume``: then a worker in
+    this process takes over the session's task queue until the turn has ended."""
     db = f"sqlite:///{tmp_path / 'd.db'}"
     queue = f"tq-{uuid.uuid4()}"
     engine = make_engine(db)
     init_db(engine)
-    publish(engine, "slow", playbook=[{"reply": "w " * 40, "chunk_delay_ms": 100}])
+    publish(engine, "slow", playbook=playbook, tools=list(tools))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "TEMPORAL_"))}
     env.update(
         BATON_DATABASE_URL=db,
@@ -207,6 +228,7 @@ async def _stop_worker_mid_turn(
         proc.send_signal(signal.SIGTERM)
         out, err = await asyncio.to_thread(proc.communicate, timeout=180)
         took = time.monotonic() - stopped
+        messages = await _resumed(client, engine, queue, launched.session_id) if resume else []
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -214,7 +236,15 @@ async def _stop_worker_mid_turn(
     handle = client.get_workflow_handle(launched.session_id)
     history = await handle.fetch_history()
     await handle.terminate("test over")
-    return _Stopped(proc.returncode, took, out, err, history)
+    return _Stopped(proc.returncode, took, out, err, history, messages)
+
+
+async def _resumed(client: Client, engine: Engine, queue: str, session_id: str) -> list[MessageRow]:
+    """Run a worker on ``queue`` until the session is idle again; its transcript."""
+    async with build_worker(client, engine=engine, task_queue=queue):
+        await wait_for(lambda: status(engine, session_id) == "idle", timeout=READY_TIMEOUT_S)
+    with session_scope(engine) as s:
+        return session_store.messages(s, session_id=session_id)
 
 
 @pytest.mark.parametrize(("grace_s", "drained"), [(30, True), (1, False)])
@@ -228,6 +258,36 @@ async def test_sigterm_drains_in_flight_activities_within_the_grace_period(
     # drained or cut is read from the history below, not from the clock.
     assert stopped.took < grace_s + 60
     assert bool(stopped.model_turns_completed()) is drained
+
+
+async def test_a_reply_cut_by_a_stopping_worker_is_streamed_again_whole(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A worker stopped mid-stream past its grace keeps nothing of the reply it was
+    streaming: the next worker streams it again whole, runs its tool call and ends the
+    turn idle (the cut text was stored as the reply, its tool call lost, the session
+    left running for ever)."""
+    playbook: list[dict[str, Any]] = [
+        {"when": "^calculator: ", "reply": "done: {last_message}"},
+        {
+            "reply": "w " * 40,
+            "chunk_delay_ms": 100,
+            "tool_calls": [{"tool": "calculator", "args": {"expression": "6*7"}}],
+        },
+    ]
+    stopped = await _stop_worker_mid_turn(
+        temporal_env, tmp_path, 1, playbook, resume=True, tools=("calculator",)
+    )
+    assert stopped.code == 0, stopped.err
+    assert [(m.role, m.text) for m in stopped.messages] == [
+        ("user", "go"),
+        ("assistant", "w " * 40),
+        ("tool", "42"),
+        ("assistant", "done: 42"),
+    ]
+    assert stopped.messages[1].tool_calls == [
+        {"id": "call_0_0", "name": "calculator", "args": {"expression": "6*7"}}
+    ]
 
 
 async def test_a_stopped_worker_exports_the_spans_it_still_buffered(
