@@ -12,6 +12,14 @@ few chunks, SIGKILLs the worker and starts a new one at once. Then, per session:
 * **complete**: from the kill to the session's turn completed (status ``idle``),
   checked to have exactly one assistant reply.
 
+With ``--sticky`` the sessions are idle instead, their runs in the killed worker's
+sticky cache (their first turn ran there, and nowhere else): the kill is followed by a
+message to each, whose workflow task waits on the dead worker's sticky queue for
+``BATON_WORKER_STICKY_TIMEOUT`` before the other worker takes it. Then, per session:
+
+* **resume**: from its message sent to the first chunk of its new turn;
+* **complete**: from its message sent to its turn completed (two assistant replies).
+
 Printed: median and p95 of both, per round, and over all rounds. Engine settings
 come from the environment as usual (``BATON_HEARTBEAT_TIMEOUT``, …); the flags
 below override the ones that decide recovery.
@@ -142,6 +150,8 @@ def stack(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, str],
     }
     if args.heartbeat_timeout is not None:
         env["BATON_HEARTBEAT_TIMEOUT"] = str(args.heartbeat_timeout)
+    if args.sticky_timeout is not None:
+        env["BATON_WORKER_STICKY_TIMEOUT"] = str(args.sticky_timeout)
     api_port = free_port()
     api = spawn(["api", "--port", str(api_port)], env, tmp / "api.log")
     engine = make_engine(db_url)
@@ -214,6 +224,71 @@ def one_round(
         stop_process(second)
 
 
+def sticky_round(
+    args: argparse.Namespace, env: dict[str, str], base: str, engine: Engine, tmp: Path, n: int
+) -> tuple[list[float], list[float]]:
+    """Idle sessions held in one worker's sticky cache, that worker killed, a message to
+    each; (resume s, complete s) lists, from each message sent."""
+    first = spawn(["worker"], env, tmp / f"worker-{n}a.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        wait(lambda: polling(env, first.pid), 120, "the first worker to poll")
+        with httpx.Client(base_url=base, timeout=60) as http:
+            sids = []
+            for i in range(args.sessions):
+                r = http.post(
+                    "/v1/sessions", json={"agent": AGENT, "prompt": f"go {n}.{i}", "sync": False}
+                )
+                r.raise_for_status()
+                sids.append(r.json()["session_id"])
+
+        def idle() -> bool:
+            return all(st == "idle" for st, _ in idle_and_replies(engine, sids).values())
+
+        wait(idle, 300, "every first turn to end")
+        second = spawn(["worker"], env, tmp / f"worker-{n}b.log")
+        wait(lambda: polling(env, second.pid), 120, "the second worker to poll")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        sent = asyncio.run(_send_all(base, sids, n))
+        done: dict[str, float] = {}
+
+        def all_done() -> bool:
+            for sid, (status, replies) in idle_and_replies(engine, sids).items():
+                if sid not in done and status == "idle" and replies >= 2:
+                    done[sid] = (datetime.now(UTC) - sent[sid]).total_seconds()
+                    if replies != 2:
+                        raise AssertionError(f"{sid}: {replies} assistant replies, not 2")
+            return len(done) == len(sids)
+
+        wait(all_done, 300, "every second turn to complete")
+        resumed: list[float] = []
+        for sid, events in chunks(engine, sids).items():
+            later = [at for _, at in events if at > sent[sid]]
+            if not later:
+                raise AssertionError(f"{sid}: no chunk of its second turn")
+            resumed.append((min(later) - sent[sid]).total_seconds())
+        return resumed, list(done.values())
+    finally:
+        stop_process(first)
+        stop_process(second)
+
+
+async def _send_all(base: str, sids: list[str], n: int) -> dict[str, datetime]:
+    """A message to each session at once (each POST waits for its workflow task to be
+    taken); when each was sent."""
+    sent: dict[str, datetime] = {}
+    async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+
+        async def one(sid: str) -> None:
+            sent[sid] = datetime.now(UTC)
+            body = {"prompt": f"again {n}", "sync": False}
+            (await http.post(f"/v1/sessions/{sid}/messages", json=body)).raise_for_status()
+
+        await asyncio.gather(*(one(sid) for sid in sids))
+    return sent
+
+
 def publish(base: str, args: argparse.Namespace) -> None:
     """The slow agent: ``--words`` words, ``--chunk-delay-ms`` apart."""
     reply = " ".join(f"w{i}" for i in range(args.words))
@@ -244,9 +319,17 @@ def main() -> None:
         action="store_true",
         help="start the new worker after the kill (its start-up counts) instead of before",
     )
+    parser.add_argument(
+        "--sticky",
+        action="store_true",
+        help="kill a worker holding idle sessions in its sticky cache, then message them",
+    )
+    parser.add_argument(
+        "--sticky-timeout", type=float, default=None, help="BATON_WORKER_STICKY_TIMEOUT, seconds"
+    )
     args = parser.parse_args()
     if args.words is None:
-        args.words = 40 if args.cold else 250
+        args.words = 20 if args.sticky else 40 if args.cold else 250
     with tempfile.TemporaryDirectory(prefix="baton-recovery-") as d:
         tmp = Path(d)
         resumed: list[float] = []
@@ -254,7 +337,8 @@ def main() -> None:
         with stack(args, tmp) as (env, base, engine):
             publish(base, args)
             for n in range(1, args.rounds + 1):
-                r, c = one_round(args, env, base, engine, tmp, n)
+                run = sticky_round if args.sticky else one_round
+                r, c = run(args, env, base, engine, tmp, n)
                 resumed += r
                 completed += c
                 print(
@@ -264,6 +348,9 @@ def main() -> None:
                 )
     hb = args.heartbeat_timeout or os.environ.get("BATON_HEARTBEAT_TIMEOUT", "default")
     mode = "new worker started after the kill" if args.cold else "another worker polling"
+    if args.sticky:
+        sticky = args.sticky_timeout or os.environ.get("BATON_WORKER_STICKY_TIMEOUT", "default")
+        mode = f"idle sessions in the killed worker's sticky cache (sticky timeout {sticky})"
     print(
         f"\n{len(resumed)} sessions, heartbeat timeout {hb}, {mode}: "
         f"resume median {statistics.median(resumed):.1f} s, p95 {p95(resumed):.1f} s; "

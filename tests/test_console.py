@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 from temporalio.testing import WorkflowEnvironment
@@ -189,7 +190,15 @@ def shot(page: Page, name: str, tmp_path: Path) -> None:
     """Take a screenshot (into docs/screenshots/ with BATON_SCREENSHOTS=1)."""
     folder = SHOTS if os.environ.get("BATON_SCREENSHOTS") == "1" else tmp_path
     folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(folder / f"{name}.png"))
+    for attempt in range(3):
+        try:
+            page.screenshot(path=str(folder / f"{name}.png"))
+            return
+        except PlaywrightError as exc:
+            # A loaded machine's Chromium may have no frame to give at that moment
+            # (Page.captureScreenshot: "Unable to capture screenshot"): the next one does.
+            if "Unable to capture screenshot" not in exc.message or attempt == 2:
+                raise
 
 
 def _launch(http: httpx.Client, body: dict[str, Any]) -> str:

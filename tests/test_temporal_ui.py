@@ -10,7 +10,6 @@ One module-scoped stack and one team run + one failed step, made through the API
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import uuid
@@ -25,8 +24,8 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect
 from baton import temporal_ui
 from baton.settings import Settings
 from tests.conftest import migrated
-from tests.test_console import SHOTS
 from tests.test_console import browser as browser  # the fixture: one headless system Chromium
+from tests.test_console import shot
 from worker.stack import DevServer, ServicesThread, free_port
 
 # Each UI page takes seconds to render on a loaded machine; and the tests share one module
@@ -167,13 +166,6 @@ def context(browser: Browser) -> Iterator[BrowserContext]:
 def page(context: BrowserContext) -> Page:
     """A page of :func:`context`."""
     return context.new_page()
-
-
-def shot(page: Page, name: str, tmp_path: Path) -> None:
-    """Take a screenshot (into docs/screenshots/ with BATON_SCREENSHOTS=1)."""
-    folder = SHOTS if os.environ.get("BATON_SCREENSHOTS") == "1" else tmp_path
-    folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(folder / f"{name}.png"))
 
 
 def rows(page: Page) -> Any:
