@@ -31,8 +31,10 @@ DEFAULT_DATABASE_URL = "sqlite:///./.baton/baton.db"
 #: status says it is idle (``BATON_MESSAGE_SETTLE_TIMEOUT``).
 DEFAULT_MESSAGE_SETTLE_S = 30.0
 #: Seconds a workflow task waits on a worker's sticky queue before any worker may take it
-#: (``BATON_WORKER_STICKY_TIMEOUT``; the SDK's own default is 10).
-DEFAULT_STICKY_TIMEOUT_S = 5.0
+#: (``BATON_WORKER_STICKY_TIMEOUT``; the SDK's own default is 10). 4 s keeps the resume of a
+#: killed worker's idle sessions within 5 s at p95 (bench/recovery.py --sticky: 4.6-4.7 s;
+#: 5.7 s at 5).
+DEFAULT_STICKY_TIMEOUT_S = 4.0
 #: Shortest accepted BATON_REVIEW_SECRET (characters): 32 random URL-safe characters
 #: carry about 190 bits, beyond guessing; shorter values are likely placeholders.
 MIN_REVIEW_SECRET = 32

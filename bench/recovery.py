@@ -152,6 +152,9 @@ def stack(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, str],
         env["BATON_HEARTBEAT_TIMEOUT"] = str(args.heartbeat_timeout)
     if args.sticky_timeout is not None:
         env["BATON_WORKER_STICKY_TIMEOUT"] = str(args.sticky_timeout)
+    # The API and the workers refuse a database behind the code: migrate it first.
+    upgrade = [sys.executable, "-m", "cli", "db", "upgrade"]
+    subprocess.run(upgrade, cwd=ROOT, env=env, check=True, capture_output=True)
     api_port = free_port()
     api = spawn(["api", "--port", str(api_port)], env, tmp / "api.log")
     engine = make_engine(db_url)
