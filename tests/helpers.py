@@ -100,8 +100,9 @@ def status(engine: Engine, session_id: str) -> str:
         return session_store.get_session(s, session_id=session_id).status
 
 
-async def wait_for(predicate: Any, timeout: float = 30.0) -> None:
-    """Poll ``predicate()`` until true or fail after ``timeout`` seconds."""
+async def wait_for(predicate: Any, timeout: float = READY_TIMEOUT_S) -> None:
+    """Poll ``predicate()`` until true or fail after ``timeout`` seconds (far by default:
+    the wait ends as soon as the predicate holds; a loaded machine stretches turns)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:

@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from baton.settings import Settings
 from baton.storage.db import XAgentPolicy, init_db, make_engine, session_scope
+from tests.helpers import READY_TIMEOUT_S
 from tests.test_api_agents import assert_problem
 from tests.xagent_helpers import caller_playbook
 from worker.stack import ServicesThread, free_port
@@ -114,8 +115,10 @@ def launch(http: httpx.Client, slug: str, prompt: str = "go") -> str:
     return sid
 
 
-def poll(predicate: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    """Poll ``predicate()`` until it returns something truthy; returns that value."""
+def poll(predicate: Callable[[], Any], what: str, timeout: float = READY_TIMEOUT_S) -> Any:
+    """Poll ``predicate()`` until it returns something truthy; returns that value. The
+    default bound is far: the poll ends as soon as the predicate holds, and a second
+    suite beside this one can make a turn take many times its usual seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -954,6 +954,30 @@ def test_a_review_and_a_handoff_are_decided_by_keyboard_alone(
     _wait_status(stack.http, sid, "idle")
 
 
+def test_an_inbox_refresh_leaves_the_keyboard_focus_where_it_was(
+    stack: Stack, page: Page, drafter: str
+) -> None:
+    """A person on a handoff card's Approve keeps the focus there when the inbox refreshes
+    because another review opened (every refresh took all the cards out of the page, and
+    the focus fell to the page's body: Enter then decided nothing)."""
+    step = _handoff_step(stack.http, "Plan F")
+    page.goto(f"{stack.base}/ui/inbox")
+    expect(page.locator(f'#handoffs [data-step="{step}"]')).to_be_visible()
+    _tab_to(page, f'#handoffs [data-step="{step}"]', "Approve")
+    _caller(stack.http, "caller-f2")
+    rid = _review_of(stack.http, _launch(stack.http, {"agent": "caller-f2", "prompt": "go"}))
+    expect(page.locator(f'#pending [data-review="{rid}"]')).to_be_visible()
+    on = page.evaluate(
+        "() => { const a = document.activeElement; const card = a.closest('[data-step]');"
+        " return card ? `${card.dataset.step} ${a.textContent}` : a.tagName; }"
+    )
+    assert on == f"{step} Approve"
+    page.keyboard.press("Enter")
+    expect(page.locator(f'[data-key="{step}:1"] .outcome')).to_have_text(
+        "Approved — the step is completed"
+    )
+
+
 def _tab_until(page: Page, selector: str, tabs: int = 300) -> None:
     """Press Tab until the focused element matches ``selector``."""
     for _ in range(tabs):

@@ -16,6 +16,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 from temporalio.testing import WorkflowEnvironment
 
+from activities import mcp_tools
 from activities.mcp_tools import HeaderUnresolved, check_arguments, resolve_headers
 from baton.agents.spec import AgentSpec
 from tests.conftest import serve
@@ -79,6 +80,9 @@ def stack(
     """API + worker (in this process: it reads MCP_TEST_TOKEN from the environment)."""
     monkeypatch.setenv("MCP_TEST_TOKEN", SECRET)
     monkeypatch.setenv("BATON_MCP_HEADER_SECRETS", "MCP_TEST_TOKEN")
+    # The local server answers in this process: a second suite beside this one can hold
+    # it past the 5 s discovery bound, and its tools would then be missing from the turn.
+    monkeypatch.setattr(mcp_tools, "DISCOVERY_TIMEOUT_S", 60.0)
     with running_stack(temporal_env, tmp_path / "tools.db") as s:
         yield s
 

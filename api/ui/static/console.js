@@ -295,7 +295,16 @@ function renderHandoffs(box, items, skip) {
     if (old && old.dataset.status === s.status && !old.dataset.decided) return old;
     return handoffCard(s);
   });
-  box.replaceChildren(...next);
+  syncChildren(box, next);
+}
+
+// Make ``box``'s children ``next`` moving only the nodes out of place: a node taken out of
+// the page loses the keyboard focus, so a refresh must leave the card a person is on alone.
+function syncChildren(box, next) {
+  next.forEach((node, i) => {
+    if (box.children[i] !== node) box.insertBefore(node, box.children[i] || null);
+  });
+  while (box.children.length > next.length) box.lastElementChild.remove();
 }
 
 function renderList(box, items) {
@@ -306,7 +315,7 @@ function renderList(box, items) {
     if (old) { fillReview(old, r); return old; }
     return reviewCard(r);
   });
-  box.replaceChildren(...next);
+  syncChildren(box, next);
 }
 
 function inboxPage() {
