@@ -23,6 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from baton.contracts.workflow_io import IfBusy, TurnOutcome, UserMessage
 from baton.storage.db import EventRow, UsageRow, session_scope
+from tests.helpers import STEADY_CONFIG
 from tests.test_api_agents import assert_problem
 from tests.test_api_reviews import Stack, agent, launch, pending, poll, running_stack, target
 from tests.test_cli_reviews import Run, cli  # noqa: F401 (the fixture)
@@ -47,8 +48,15 @@ SLOW_REPLY = " ".join(f"w{i}" for i in range(200))
 
 @pytest.fixture
 def stack(temporal_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
-    """API + worker holding at most two messages per session."""
-    with running_stack(temporal_env, tmp_path / "busy.db", max_queued_messages=2) as s:
+    """API + worker holding at most two messages per session. No worker is killed here, so
+    the heartbeat timeout is far: under a second suite's load a 5 s one cuts a streaming
+    model call off, and a cut-off call keeps nothing for an interrupt to find."""
+    with running_stack(
+        temporal_env,
+        tmp_path / "busy.db",
+        max_queued_messages=2,
+        heartbeat_timeout=STEADY_CONFIG.heartbeat_timeout_s,
+    ) as s:
         target(s.http)
         agent(s.http, "holder", HOLDER)
         agent(
