@@ -49,7 +49,7 @@ if __name__ == "__main__":
     # `python bench/creation.py` puts bench/ on sys.path, not the repo root.
     sys.path.insert(0, str(ROOT))
 
-from bench.recovery import p95, polling, spawn, wait  # noqa: E402
+from bench.recovery import api_process, p95, polling, spawn, wait  # noqa: E402
 from worker.stack import DevServer, free_port, stop_process  # noqa: E402
 
 AGENT = "creation-bench"
@@ -109,32 +109,21 @@ def processes(args: argparse.Namespace, tmp: Path) -> Iterator[Stack]:
         "BATON_TEMPORAL_ADDRESS": server.address,
         "BATON_TASK_QUEUE": "creation",
     }
-    upgrade = [sys.executable, "-m", "cli", "db", "upgrade"]
-    subprocess.run(upgrade, cwd=ROOT, env=env, check=True, capture_output=True)
-    api_port = free_port()
-    api = spawn(["api", "--port", str(api_port)], env, tmp / "api.log")
     worker = spawn(["worker"], env, tmp / "worker.log")
     bare = subprocess.Popen(
         [sys.executable, "-c", BARE_WORKER, server.address, BARE_QUEUE, str(ROOT)],
         stdout=subprocess.PIPE,
     )
     try:
-        base = f"http://127.0.0.1:{api_port}"
-
-        def api_up() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-            return False
-
-        wait(api_up, 120, "the API")
-        wait(lambda: polling(env, worker.pid), 120, "Baton's worker to poll")
-        assert bare.stdout is not None
-        assert bare.stdout.readline().strip() == b"ready"
-        assert server._proc is not None
-        pids = {"temporal": server._proc.pid, "api": api.pid, "worker": worker.pid}
-        yield Stack(server.address, base, pids | {"bare worker": bare.pid})
+        with api_process(env, tmp) as (base, api):
+            wait(lambda: polling(env, worker.pid), 120, "Baton's worker to poll")
+            assert bare.stdout is not None
+            assert bare.stdout.readline().strip() == b"ready"
+            assert server._proc is not None
+            pids = {"temporal": server._proc.pid, "api": api, "worker": worker.pid}
+            yield Stack(server.address, base, pids | {"bare worker": bare.pid})
     finally:
-        for proc in (bare, worker, api):
+        for proc in (bare, worker):
             stop_process(proc)
         server.stop()
 

@@ -152,12 +152,24 @@ def stack(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, str],
         env["BATON_HEARTBEAT_TIMEOUT"] = str(args.heartbeat_timeout)
     if args.sticky_timeout is not None:
         env["BATON_WORKER_STICKY_TIMEOUT"] = str(args.sticky_timeout)
+    engine = make_engine(db_url)
+    try:
+        with api_process(env, tmp) as (base, _):
+            yield env, base, engine
+    finally:
+        engine.dispose()
+        server.stop()
+
+
+@contextlib.contextmanager
+def api_process(env: dict[str, str], tmp: Path) -> Iterator[tuple[str, int]]:
+    """`baton db upgrade`, then `baton api` on a free port until it answers ``/healthz``;
+    yields (its base URL, its pid) and stops it afterwards."""
     # The API and the workers refuse a database behind the code: migrate it first.
     upgrade = [sys.executable, "-m", "cli", "db", "upgrade"]
     subprocess.run(upgrade, cwd=ROOT, env=env, check=True, capture_output=True)
     api_port = free_port()
     api = spawn(["api", "--port", str(api_port)], env, tmp / "api.log")
-    engine = make_engine(db_url)
     try:
         base = f"http://127.0.0.1:{api_port}"
 
@@ -166,12 +178,23 @@ def stack(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, str],
                 return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
             return False
 
-        wait(api_up, 60, "the API")
-        yield env, base, engine
+        wait(api_up, 120, "the API")
+        yield base, api.pid
     finally:
         stop_process(api)
-        engine.dispose()
-        server.stop()
+
+
+def start_sessions(base: str, count: int, n: int) -> list[str]:
+    """Start ``count`` sessions of the bench agent (round ``n``) without waiting for them."""
+    with httpx.Client(base_url=base, timeout=60) as http:
+        sids = []
+        for i in range(count):
+            r = http.post(
+                "/v1/sessions", json={"agent": AGENT, "prompt": f"go {n}.{i}", "sync": False}
+            )
+            r.raise_for_status()
+            sids.append(r.json()["session_id"])
+    return sids
 
 
 def one_round(
@@ -181,14 +204,7 @@ def one_round(
     first = spawn(["worker"], env, tmp / f"worker-{n}a.log")
     second: subprocess.Popen[bytes] | None = None
     try:
-        with httpx.Client(base_url=base, timeout=60) as http:
-            sids = []
-            for i in range(args.sessions):
-                r = http.post(
-                    "/v1/sessions", json={"agent": AGENT, "prompt": f"go {n}.{i}", "sync": False}
-                )
-                r.raise_for_status()
-                sids.append(r.json()["session_id"])
+        sids = start_sessions(base, args.sessions, n)
 
         def mid_turn() -> bool:
             return all(len(c) >= 3 for c in chunks(engine, sids).values())
@@ -236,14 +252,7 @@ def sticky_round(
     second: subprocess.Popen[bytes] | None = None
     try:
         wait(lambda: polling(env, first.pid), 120, "the first worker to poll")
-        with httpx.Client(base_url=base, timeout=60) as http:
-            sids = []
-            for i in range(args.sessions):
-                r = http.post(
-                    "/v1/sessions", json={"agent": AGENT, "prompt": f"go {n}.{i}", "sync": False}
-                )
-                r.raise_for_status()
-                sids.append(r.json()["session_id"])
+        sids = start_sessions(base, args.sessions, n)
 
         def idle() -> bool:
             return all(st == "idle" for st, _ in idle_and_replies(engine, sids).values())
