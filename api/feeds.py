@@ -101,13 +101,14 @@ class Follower:
             self.queued += len(batch.events)
         self.ready.set()
 
-    def pop(self) -> Batch | None:
-        """The oldest queued batch, or None (nothing queued, or lagged)."""
-        if self.lagged or not self.batches:
-            return None
-        batch = self.batches.popleft()
-        self.queued -= len(batch.events)
-        return batch
+    def pop_all(self) -> list[Batch]:
+        """Every queued batch, oldest first, or none (nothing queued, or lagged)."""
+        if self.lagged:
+            return []
+        batches = list(self.batches)
+        self.batches.clear()
+        self.queued = 0
+        return batches
 
 
 class SessionFeed:
@@ -194,11 +195,13 @@ class SessionFeeds:
 
     async def stream(
         self, session_id: str, after: int, *, until: tuple[str, ...] | None = None
-    ) -> AsyncGenerator[Event, None]:
+    ) -> AsyncGenerator[list[Event], None]:
         """Every event of ``session_id`` after id ``after``, in order, for as long as the
-        caller iterates; with ``until``, ending after a ``status`` event (or, caught up, a
-        status) in it. Catch-up reads are the follower's own; the rest come from the feed.
-        Raises SessionNotFound (the first read)."""
+        caller iterates, in groups: each group is everything this follower had when it woke
+        (one or more reads), so a stream sends it in one write rather than one per event;
+        with ``until``, ending after a ``status`` event (or, caught up, a status) in it.
+        Catch-up reads are the follower's own; the rest come from the feed. Raises
+        SessionNotFound (the first read)."""
         cursor = after
         with self.join(session_id) as me:
             behind = True  # catch up from the database first
@@ -211,26 +214,37 @@ class SessionFeeds:
                     behind = not batch.drained
                     if batch.drained:
                         me.feed.begin(batch.events[-1][0] if batch.events else cursor)
+                    batches = [batch]
                 else:
                     me.ready.clear()
-                    queued = me.pop()
-                    if queued is None:
+                    batches = me.pop_all()
+                    if not batches:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(me.ready.wait(), FALLBACK_S)
                             continue
                         behind = True  # the safety net: no wake-up for FALLBACK_S
                         continue
-                    if queued.start > cursor:
+                group: list[Event] = []
+                ended = False
+                for batch in batches:
+                    if batch.start > cursor:
                         behind = True  # it starts past what this follower has: read the gap
-                        continue
-                    batch = queued
-                for event in batch.events:
-                    event_id, kind, data, _ = event
-                    if event_id <= cursor:
-                        continue
-                    cursor = event_id
-                    yield event
-                    if until and kind == "status" and json.loads(data)["status"] in until:
-                        return
-                if until and batch.drained and batch.status in until and not behind:
+                        break
+                    for event in batch.events:
+                        event_id, kind, data, _ = event
+                        if event_id <= cursor:
+                            continue
+                        cursor = event_id
+                        group.append(event)
+                        if until and kind == "status" and json.loads(data)["status"] in until:
+                            ended = True
+                            break
+                    if ended:
+                        break
+                    if until and batch.drained and batch.status in until and not behind:
+                        ended = True
+                        break
+                if group:
+                    yield group
+                if ended:
                     return

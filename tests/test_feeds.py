@@ -65,12 +65,13 @@ class Counted:
 
 
 async def _collect(
-    stream: AsyncIterator[tuple[int, str, str, bytes]], into: list[int], n: int
+    stream: AsyncIterator[list[tuple[int, str, str, bytes]]], into: list[int], n: int
 ) -> None:
-    async for event_id, _, _, _ in stream:
-        into.append(event_id)
-        if len(into) == n:
-            return
+    async for group in stream:
+        for event_id, _, _, _ in group:
+            into.append(event_id)
+            if len(into) == n:
+                return
 
 
 async def _until(cond: object, what: str) -> None:
@@ -120,7 +121,7 @@ async def test_a_slow_follower_is_lagged_and_resumes_without_holding_others(
     sid = _session(engine)
     first = await asyncio.to_thread(_append, engine, sid, "first")
     slow = feeds.stream(sid, 0)
-    assert (await anext(slow))[0] == first  # joined, then it stops reading
+    assert [e[0] for e in await anext(slow)] == [first]  # joined, then it stops reading
     fast: list[list[int]] = [[] for _ in range(3)]
     tasks = [asyncio.create_task(_collect(feeds.stream(sid, first), g, 10)) for g in fast]
     try:
@@ -149,8 +150,32 @@ async def test_the_queue_bound_holds_at_its_edge(engine: Engine) -> None:
         me.push(Batch(start=2, events=[(3, "chunk", "{}", b"")], status="running", drained=True))
         assert me.queued == 3 and not me.lagged
         me.push(Batch(start=3, events=[(4, "chunk", "{}", b"")], status="running", drained=True))
-        assert me.lagged and me.queued == 0 and me.pop() is None
+        assert me.lagged and me.queued == 0 and me.pop_all() == []
     await notifier.close()
+
+
+async def test_what_a_follower_has_when_it_wakes_comes_as_one_group(engine: Engine) -> None:
+    """Three events committed while a follower is not reading (each woke the feed, which
+    queued its reads) come to it as ONE group, in order: the stream sends them in one write
+    rather than three; the next event alone is a group of one."""
+    notifier = EventNotifier(engine, poll_s=600)
+    feeds = SessionFeeds(engine, notifier)
+    sid = _session(engine)
+    first = await asyncio.to_thread(_append, engine, sid, "first")
+    stream = feeds.stream(sid, 0)
+    try:
+        assert [e[0] for e in await anext(stream)] == [first]
+        await asyncio.sleep(0.2)  # caught up: its feed runs
+        ids = [await asyncio.to_thread(_append, engine, sid, f"e{i}") for i in range(3)]
+        (feed,) = feeds._feeds.values()
+        (me,) = feed.followers
+        await _until(lambda: me.queued == 3, "the feed queued the three")
+        assert [e[0] for e in await anext(stream)] == ids
+        last = await asyncio.to_thread(_append, engine, sid, "last")
+        assert [e[0] for e in await asyncio.wait_for(anext(stream), 60)] == [last]
+    finally:
+        await stream.aclose()
+        await notifier.close()
 
 
 async def test_sse_followers_over_http_share_the_reads(

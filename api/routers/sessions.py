@@ -857,8 +857,10 @@ async def stream_events(
 
     async def gen() -> AsyncIterator[bytes]:
         closing = CLOSING if until else None
-        async for _, _, _, frame in feeds.stream(session_id, cursor, until=closing):
-            yield frame  # encoded once for every follower
+        async for group in feeds.stream(session_id, cursor, until=closing):
+            # Each frame is encoded once for every follower; what a follower has when it
+            # wakes goes out in one write (one send through the middleware and the socket).
+            yield b"".join(frame for _, _, _, frame in group)
 
     return EventSourceResponse(gen(), ping=15)
 
