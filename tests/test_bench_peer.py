@@ -43,6 +43,19 @@ def test_the_target_lines_with_the_peer_compare_against_it() -> None:
     assert turn_targets(slower, TPS, 20)[0].endswith(": NOT MET")
 
 
+def test_baton_must_be_below_each_view_of_the_peer() -> None:
+    """With the peer behind an API run too, both peer ratios print and Baton must beat
+    each: faster than the bare peer but slower than the peer behind its API is NOT MET."""
+    seq = {**SEQ, "peer-api": [0.12]}
+    tps = {**TPS, "peer-api": [5.0]}
+    turn, throughput = turn_targets(seq, tps, 20)
+    assert "peer  2.00x" in turn and "peer-api  2.40x" in turn and turn.endswith(": MET")
+    assert "peer-api  0.50x" in throughput and throughput.endswith(": MET")
+    behind_api = {**seq, "peer-api": [0.065]}
+    assert turn_targets(behind_api, tps, 20)[0].endswith(": NOT MET")
+    assert turn_targets(seq, {**tps, "peer-api": [9.5]}, 20)[1].endswith(": NOT MET")
+
+
 def test_no_target_lines_without_baton() -> None:
     """bare and the peer alone (a profiling run) judge no Baton target."""
     assert turn_targets({"bare": [0.05]}, {"bare": [10.0]}, 20) == []
