@@ -86,6 +86,9 @@ TARGET_MB = 500.0
 #: Untimed rounds first (the API's first requests import and compile).
 WARMUP_ROUNDS = 10
 TARGET_P95_MS = 50.0
+#: The reads a client makes most, list and get: p95 held within 10 % of the baseline's.
+UNCHANGED = ("GET /v1/sessions/{id}", "GET /v1/sessions?limit=50")
+UNCHANGED_RATIO = 1.1
 REQUESTS = (
     "GET /v1/sessions/{id}",
     "GET /v1/sessions?limit=50",
@@ -434,6 +437,12 @@ class Bench:
             f"{h95:.1f} ms ({h95 / b95:.2f}x the baseline) "
             f"{'MET' if h95 <= TARGET_P95_MS else 'NOT MET'}"
         )
+        for name in UNCHANGED:
+            ratio = pct(held[name], 95) / pct(base[name], 95)
+            print(
+                f"  target: {name} p95 held within {UNCHANGED_RATIO - 1:.0%} of the baseline's: "
+                f"{ratio:.2f}x {'MET' if ratio <= UNCHANGED_RATIO else 'NOT MET'}"
+            )
 
 
 def main() -> None:
