@@ -10,6 +10,8 @@ has the same thing), so each line's ratio is within one bench's run:
   session;
 * ``creation``: ``bench/creation.py``: sessions created by 16 clients against bare
   workflow starts, the API, the worker and Temporal as separate processes;
+* ``crowd``: ``bench/crowd.py``: 300 followers of one session with the API and the worker
+  as separate processes;
 * ``recovery``: ``bench/recovery.py --sticky``: resume after ``kill -9`` of a worker
   holding idle sessions in its sticky cache;
 * ``held``: ``bench/held.py``: the API's list and get with 20,000 idle sessions (and
@@ -19,7 +21,7 @@ Run from the repo root on a quiet machine (not part of ``make test``; about an h
 the defaults, most of it ``held`` building its 20,000 sessions)::
 
     .venv/bin/python bench/targets.py
-    .venv/bin/python bench/targets.py --only peer,creation,recovery   # ~15 min
+    .venv/bin/python bench/targets.py --only peer,creation,crowd,recovery   # ~20 min
     .venv/bin/python bench/targets.py --held-idle 2000                # a shorter held run
 """
 
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHES: dict[str, list[str]] = {
     "peer": ["bench/peer.py"],
     "creation": ["bench/creation.py", "--clients", "16"],
+    "crowd": ["bench/crowd.py"],
     "recovery": ["bench/recovery.py", "--sticky"],
     "held": ["bench/held.py"],
 }
