@@ -4,9 +4,10 @@
 Events). With one read per follower per wake-up, 300 followers of one session turned each
 of its events (every streamed chunk is one) into 300 thread hand-offs and 600 queries in
 the API process. Now each API process keeps one :class:`SessionFeed` per followed
-session: woken by the :class:`~baton.storage.notify.EventNotifier`, it reads the log once
-and hands the batch to every follower's bounded queue (:class:`Follower`), so the work per
-woken follower is a queue hand-off.
+session: woken by the :class:`~baton.storage.notify.EventNotifier`, it waits :data:`GATHER_S` for
+the commits right behind the first, reads the log once and hands the batch to every
+follower's bounded queue (:class:`Follower`), so the work per woken follower is a queue
+hand-off and one write.
 
 A follower reads the log itself only to catch up: when it connects (everything after its
 ``Last-Event-ID``), when a batch starts past what it has (the feed started after it, or
@@ -40,6 +41,11 @@ from baton.storage.notify import FALLBACK_S, EventNotifier
 Event = tuple[int, str, str, bytes]
 #: Events one read returns at most (``session_store.events_after``'s page).
 READ_EVENTS = 500
+#: Seconds a woken feed waits before it reads: what the session commits meanwhile (a turn's
+#: user message, its status, its reply) reaches each follower in the same read and write.
+#: The followers' fan-out then runs after a quick turn rather than inside it; a follower
+#: sees an event at most this much later (streamed text is flushed every 100 ms anyway).
+GATHER_S = 0.1
 #: Events that may wait in one follower's queue; past it the follower is lagged and resumes
 #: from the database (see the module docstring).
 QUEUE_EVENTS = 2000
@@ -151,6 +157,7 @@ class SessionFeed:
                 if batch is not None and not batch.drained:
                     continue
                 await woken.wait()
+                await asyncio.sleep(feeds.gather_s)  # the commits right behind it too
 
 
 class SessionFeeds:
@@ -167,12 +174,14 @@ class SessionFeeds:
         *,
         read: Callable[[Engine, str, int], Batch] = read_log,
         queue_events: int = QUEUE_EVENTS,
+        gather_s: float = GATHER_S,
     ) -> None:
         self.engine = engine
         self.notifier = notifier
         self.read = read
         self.reads = 0
         self.queue_events = queue_events
+        self.gather_s = gather_s
         self._feeds: dict[str, SessionFeed] = {}
 
     @contextlib.contextmanager

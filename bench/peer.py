@@ -78,7 +78,8 @@ PAGE_P95_RATIO = 1.2
 #: Followers of ONE session in the ``crowd`` phase; its turn may slow by 20 % at most.
 CROWD_FOLLOWERS, CROWD_RATIO = 300, 1.2
 #: The ``crowd`` phase's followers, run in a child process: ``argv`` = base URL, session id,
-#: how many; prints ``ready`` once every stream is open, then reads them until killed.
+#: how many; each follows from the log's newest event; prints ``ready`` once every stream
+#: is open, then reads them until killed.
 FOLLOWERS_CHILD = """
 import asyncio, sys
 import httpx
@@ -88,9 +89,17 @@ async def main(base, sid, n):
     ready = asyncio.Event()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=base, timeout=None, limits=limits) as http:
+        # Where the log ends now (the session is idle, so this stream closes at once): the
+        # followers start there, as a client that has shown the transcript does, and no
+        # catch-up read of the whole log by each of them overlaps the timed turns.
+        newest = 0
+        async with http.stream("GET", f"/v1/sessions/{sid}/events?until=idle") as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("id:"):
+                    newest = int(line[3:])
         async def follow():
             nonlocal opened
-            async with http.stream("GET", f"/v1/sessions/{sid}/events") as resp:
+            async with http.stream("GET", f"/v1/sessions/{sid}/events?after={newest}") as resp:
                 assert resp.status_code == 200
                 opened += 1
                 if opened == n:

@@ -178,6 +178,37 @@ async def test_what_a_follower_has_when_it_wakes_comes_as_one_group(engine: Engi
         await notifier.close()
 
 
+async def test_commits_right_behind_a_wake_up_share_one_read_and_one_write(
+    engine: Engine,
+) -> None:
+    """Three events committed back to back (each wakes the feed) inside its gathering wait
+    cost ONE read for all 20 followers, and each follower gets them as one group, in
+    order: one write per follower, not three."""
+    notifier = EventNotifier(engine, poll_s=600)
+    read = Counted()
+    feeds = SessionFeeds(engine, notifier, read=read, gather_s=3.0)
+    sid = _session(engine)
+    first = await asyncio.to_thread(_append, engine, sid, "first")
+    streams = [feeds.stream(sid, 0) for _ in range(20)]
+    try:
+        for stream in streams:
+            assert [e[0] for e in await anext(stream)] == [first]
+        await asyncio.sleep(0.2)  # every follower caught up: the feed waits for a commit
+        before = feeds.reads
+
+        def three() -> list[int]:
+            return [_append(engine, sid, f"e{i}") for i in range(3)]
+
+        ids = await asyncio.to_thread(three)
+        groups = await asyncio.wait_for(asyncio.gather(*(anext(s) for s in streams)), 60)
+        assert all([e[0] for e in g] == ids for g in groups)
+        assert feeds.reads - before == 1
+    finally:
+        for stream in streams:
+            await stream.aclose()
+        await notifier.close()
+
+
 async def test_sse_followers_over_http_share_the_reads(
     settings: Settings, api: httpx.Client, sql_counter: list[int]
 ) -> None:
