@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from baton.contracts.workflow_io import Provenance
 from baton.runs import session_store as sessions
 from baton.settings import Settings
-from baton.storage.db import SessionRow, make_engine, session_scope, utcnow
+from baton.storage.db import SessionRow, init_db, make_engine, session_scope, utcnow
 
 
 def _sessions(engine: Engine, n: int, *, same_instant: bool = False) -> list[str]:
@@ -131,3 +133,35 @@ def test_session_list_route_pages_by_cursor(settings: Settings, api: httpx.Clien
     for params in bad:
         r = api.get("/v1/sessions", params=params)
         assert r.status_code == 422 and r.json()["code"] == "invalid_cursor", r.text
+
+
+def test_a_page_and_its_total_are_read_from_the_list_index(tmp_path: Path) -> None:
+    """SQLite plans the first page of the session list as a read of ix_sessions_listed in
+    its order (no sort of every session) and the total as a count of that index alone (no
+    read of the rows and their agent snapshots), on the migrated schema without ANALYZE."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'baton.db'}")
+    init_db(engine)
+    _sessions(engine, 120)
+    statements: list[tuple[str, object]] = []
+
+    def seen(_c: object, _cur: object, statement: str, params: object, *_: object) -> None:
+        statements.append((statement, params))
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    with session_scope(engine) as s:
+        rows, total, cursor = sessions.page_sessions(s, limit=50)
+    sa.event.remove(engine, "before_cursor_execute", seen)
+    assert total == 120 and len(rows) == 50 and cursor is not None
+    (count_sql, count_params), (page_sql, page_params) = statements
+
+    def plan(sql: str, params: object) -> list[str]:
+        with engine.connect() as conn:
+            found = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params)  # type: ignore[arg-type]
+            return [str(row[-1]) for row in found.all()]
+
+    counted, paged = plan(count_sql, count_params), plan(page_sql, page_params)
+    engine.dispose()
+    assert "count" in count_sql.lower()
+    assert any("USING COVERING INDEX ix_sessions_listed" in step for step in counted), counted
+    assert any("USING INDEX ix_sessions_listed" in step for step in paged), paged
+    assert not any("TEMP B-TREE" in step for step in paged), paged

@@ -124,6 +124,12 @@ class SessionRow(SQLModel, table=True):
     """
 
     __tablename__ = "sessions"
+    #: The session list (``session_store.page_sessions``): replays are left out by
+    #: ``eval_id IS NULL`` and pages come newest first, so (eval_id, created_at, id) serves a
+    #: page as a range read in index order, with no sort of every session, and its total
+    #: count from the index alone, without reading the rows and their agent snapshots.
+    #: An eval's replays are found by its leading column.
+    __table_args__ = (sa.Index("ix_sessions_listed", "eval_id", "created_at", "id"),)
 
     id: str = Field(primary_key=True, max_length=80)
     name: str = Field(default="", max_length=200)
@@ -152,7 +158,7 @@ class SessionRow(SQLModel, table=True):
     workspace_id: str | None = Field(default=None, max_length=80)
     #: A replay an eval started (docs/change-safely.md, Replay against a candidate): the
     #: eval, and the recorded session whose user turns it replays. Ordinary lists omit it.
-    eval_id: str | None = Field(default=None, index=True, max_length=80)
+    eval_id: str | None = Field(default=None, max_length=80)
     replay_of: str | None = Field(default=None, max_length=80)
     message_count: int = 0
     input_tokens: int = 0
