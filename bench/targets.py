@@ -47,13 +47,12 @@ BENCHES: dict[str, list[str]] = {
 
 
 def target_lines(output: str) -> list[str]:
-    """The target lines of one bench's output: every line that ends with its verdict
-    (``MET`` or ``NOT MET``, after a colon or a space)."""
-    return [
-        line.rstrip()
-        for line in output.splitlines()
-        if line.rstrip().endswith((": MET", ": NOT MET", " MET", " NOT MET"))
-    ]
+    """The target lines of one bench's output, each once, in order: every line that ends
+    with its verdict (``MET`` or ``NOT MET``, after a colon or a space); a bench that
+    repeats its targets in a summary shows them once."""
+    verdicts = (": MET", ": NOT MET", " MET", " NOT MET")
+    lines = [line.rstrip() for line in output.splitlines()]
+    return list(dict.fromkeys(line for line in lines if line.endswith(verdicts)))
 
 
 def run(name: str, argv: Sequence[str]) -> tuple[list[str], float, int]:
