@@ -1,5 +1,5 @@
 """What a turn no longer pays for: a provider model built per call, and a
-workflow module compiled per new run when Python writes no bytecode."""
+workflow module searched for and compiled per new run."""
 
 from __future__ import annotations
 
@@ -59,3 +59,39 @@ def test_a_cached_workflow_module_is_compiled_once(
     os.utime(pkg / "mod.py", ns=(1, 1))  # a new modification time, whatever the clock
     assert fresh().f() == 2  # type: ignore[attr-defined]
     assert WorkflowCodeCache(["cachedpkg"]).find_spec("json", None) is None
+
+
+def test_a_cached_workflow_module_is_searched_for_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a cached package's modules were found, re-importing them (as the sandbox does
+    per run) searches sys.path no more, and each import still gets a fresh module from a
+    fresh spec: the package with its search path, the module with none."""
+    pkg = tmp_path / "searchedpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("X = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", [WorkflowCodeCache(["searchedpkg"]), *sys.meta_path])
+
+    def fresh() -> object:
+        for name in ("searchedpkg.mod", "searchedpkg"):
+            sys.modules.pop(name, None)
+        return importlib.import_module("searchedpkg.mod")
+
+    one = fresh()
+    searched: list[str] = []
+    real = importlib.machinery.PathFinder.find_spec
+
+    def counted(name: str, path: object = None, target: object = None) -> object:
+        searched.append(name)
+        return real(name, path, target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", counted)
+    two = fresh()
+    assert not [n for n in searched if n.startswith("searchedpkg")], searched
+    assert one is not two and one.X is not two.X  # type: ignore[attr-defined]
+    assert one.__spec__ is not two.__spec__  # type: ignore[attr-defined]
+    assert two.__spec__.origin == str(pkg / "mod.py")  # type: ignore[attr-defined]
+    assert two.__spec__.submodule_search_locations is None  # type: ignore[attr-defined]
+    assert sys.modules["searchedpkg"].__path__ == [str(pkg)]

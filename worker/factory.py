@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import inspect
 import logging
 import logging.handlers
@@ -141,34 +142,49 @@ class _CompiledOnceLoader(importlib.machinery.SourceFileLoader):
 
 
 class WorkflowCodeCache(importlib.abc.MetaPathFinder):
-    """Compile the sandbox's re-imported modules once, when Python writes no bytecode.
+    """Find and compile the sandbox's re-imported modules once per process.
 
     The workflow sandbox imports a workflow's module afresh for every new run (its module
-    state must not leak between runs). Without ``.pyc`` files (``PYTHONDONTWRITEBYTECODE``,
-    an editable install) that import compiles the source each time: ~15 ms of CPU for
-    the session workflow's modules, 70 % of a new session's sandbox set-up
-    (bench/README.md). Code objects are immutable, so sharing one across runs is what loading a
-    ``.pyc`` does; each run still executes it in a fresh module.
+    state must not leak between runs). Each such import searched ``sys.path`` for the
+    file (a ``stat`` per directory: ~5 % of a ``baton worker``'s CPU while sessions are
+    being created, bench/README.md) and then compiled the source (no ``.pyc`` files:
+    ``PYTHONDONTWRITEBYTECODE``, an editable install; ~15 ms of CPU for the session
+    workflow's modules) or read and unmarshalled its ``.pyc``. Here a module's file is
+    found once, and its code object (immutable: sharing one across runs is what loading
+    a ``.pyc`` does) is made once per modification time; each run still executes it in a
+    fresh module, from a fresh spec.
     """
 
     def __init__(self, packages: Sequence[str]) -> None:
         self.packages = frozenset(packages)
+        #: Module name -> (its file, its package's search locations; None: not a package).
+        self._found: dict[str, tuple[str, list[str] | None]] = {}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname.partition(".")[0] not in self.packages:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
-            spec.loader = _CompiledOnceLoader(fullname, str(spec.origin))
-        return spec
+        found = self._found.get(fullname)
+        if found is None:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or type(spec.loader) is not importlib.machinery.SourceFileLoader:
+                return spec
+            locations = spec.submodule_search_locations
+            found = (str(spec.origin), None if locations is None else list(locations))
+            self._found[fullname] = found
+        origin, locations = found
+        return importlib.util.spec_from_file_location(
+            fullname,
+            origin,
+            loader=_CompiledOnceLoader(fullname, origin),
+            submodule_search_locations=locations,
+        )
 
 
 def install_workflow_code_cache() -> None:
-    """Put a :class:`WorkflowCodeCache` for ``workflows`` first on ``sys.meta_path``, once,
-    when Python writes no bytecode (with ``.pyc`` files the import system caches already)."""
-    if sys.dont_write_bytecode and not any(isinstance(f, WorkflowCodeCache) for f in sys.meta_path):
+    """Put a :class:`WorkflowCodeCache` for ``workflows`` first on ``sys.meta_path``, once."""
+    if not any(isinstance(f, WorkflowCodeCache) for f in sys.meta_path):
         sys.meta_path.insert(0, WorkflowCodeCache(["workflows"]))
 
 
