@@ -49,8 +49,8 @@ if __name__ == "__main__":
     # `python bench/creation.py` puts bench/ on sys.path, not the repo root.
     sys.path.insert(0, str(ROOT))
 
-from bench.recovery import api_process, p95, polling, spawn, wait  # noqa: E402
-from worker.stack import DevServer, free_port, stop_process  # noqa: E402
+from bench.recovery import api_process, dev_server, p95, polling, spawn, wait  # noqa: E402
+from worker.stack import stop_process  # noqa: E402
 
 AGENT = "creation-bench"
 BARE_QUEUE = "creation-bare"
@@ -100,32 +100,23 @@ class Stack:
 @contextlib.contextmanager
 def processes(args: argparse.Namespace, tmp: Path) -> Iterator[Stack]:
     """The dev server, the bare worker, `baton api` and `baton worker`, all ready."""
-    server = DevServer(port=free_port(), ui_port=free_port(), db_file=None)
-    server.start()
-    db_url = args.database_url or f"sqlite:///{tmp / 'creation.db'}"
-    env = {
-        **os.environ,
-        "BATON_DATABASE_URL": db_url,
-        "BATON_TEMPORAL_ADDRESS": server.address,
-        "BATON_TASK_QUEUE": "creation",
-    }
-    worker = spawn(["worker"], env, tmp / "worker.log")
-    bare = subprocess.Popen(
-        [sys.executable, "-c", BARE_WORKER, server.address, BARE_QUEUE, str(ROOT)],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        with api_process(env, tmp) as (base, api):
-            wait(lambda: polling(env, worker.pid), 120, "Baton's worker to poll")
-            assert bare.stdout is not None
-            assert bare.stdout.readline().strip() == b"ready"
-            assert server._proc is not None
-            pids = {"temporal": server._proc.pid, "api": api, "worker": worker.pid}
-            yield Stack(server.address, base, pids | {"bare worker": bare.pid})
-    finally:
-        for proc in (bare, worker):
-            stop_process(proc)
-        server.stop()
+    with dev_server(args, tmp, "creation") as (server, env):
+        worker = spawn(["worker"], env, tmp / "worker.log")
+        bare = subprocess.Popen(
+            [sys.executable, "-c", BARE_WORKER, server.address, BARE_QUEUE, str(ROOT)],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            with api_process(env, tmp) as (base, api):
+                wait(lambda: polling(env, worker.pid), 120, "Baton's worker to poll")
+                assert bare.stdout is not None
+                assert bare.stdout.readline().strip() == b"ready"
+                assert server._proc is not None
+                pids = {"temporal": server._proc.pid, "api": api, "worker": worker.pid}
+                yield Stack(server.address, base, pids | {"bare worker": bare.pid})
+        finally:
+            for proc in (bare, worker):
+                stop_process(proc)
 
 
 async def burst(

@@ -142,28 +142,42 @@ def wait(condition: object, timeout: float, what: str) -> None:
 
 
 @contextlib.contextmanager
-def stack(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, str], str, Engine]]:
-    """Dev server + API process; yields (worker env, API base URL, engine)."""
+def dev_server(
+    args: argparse.Namespace, tmp: Path, name: str
+) -> Iterator[tuple[DevServer, dict[str, str]]]:
+    """An in-memory Temporal dev server for the block, and the environment a ``baton``
+    child process needs to use it: the bench's database (``--database-url``, or the SQLite
+    file ``<name>.db`` in ``tmp``) and the task queue ``name``."""
     server = DevServer(port=free_port(), ui_port=free_port(), db_file=None)
     server.start()
-    db_url = args.database_url or f"sqlite:///{tmp / 'recovery.db'}"
-    env = {
-        **os.environ,
-        "BATON_DATABASE_URL": db_url,
-        "BATON_TEMPORAL_ADDRESS": server.address,
-        "BATON_TASK_QUEUE": "recovery",
-    }
-    if args.heartbeat_timeout is not None:
-        env["BATON_HEARTBEAT_TIMEOUT"] = str(args.heartbeat_timeout)
-    if args.sticky_timeout is not None:
-        env["BATON_WORKER_STICKY_TIMEOUT"] = str(args.sticky_timeout)
-    engine = make_engine(db_url)
     try:
-        with api_process(env, tmp) as (base, _):
-            yield env, base, engine
+        yield (
+            server,
+            {
+                **os.environ,
+                "BATON_DATABASE_URL": args.database_url or f"sqlite:///{tmp / f'{name}.db'}",
+                "BATON_TEMPORAL_ADDRESS": server.address,
+                "BATON_TASK_QUEUE": name,
+            },
+        )
     finally:
-        engine.dispose()
         server.stop()
+
+
+@contextlib.contextmanager
+def stack(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[dict[str, str], str, Engine]]:
+    """Dev server + API process; yields (worker env, API base URL, engine)."""
+    with dev_server(args, tmp, "recovery") as (_, env):
+        if args.heartbeat_timeout is not None:
+            env["BATON_HEARTBEAT_TIMEOUT"] = str(args.heartbeat_timeout)
+        if args.sticky_timeout is not None:
+            env["BATON_WORKER_STICKY_TIMEOUT"] = str(args.sticky_timeout)
+        engine = make_engine(env["BATON_DATABASE_URL"])
+        try:
+            with api_process(env, tmp) as (base, _):
+                yield env, base, engine
+        finally:
+            engine.dispose()
 
 
 @contextlib.contextmanager
